@@ -1,0 +1,35 @@
+# Two commands do all the setup on a fresh machine:
+#   make run    start a local swarm on the embedded default model (no hub, no GPU)
+#   make test   run the default test suite
+# Each creates and fills its virtual environment on first use.
+VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
+PY := $(VENV)/bin/python
+STEPS ?= 
+ARGS ?=
+
+.PHONY: run test test-slow test-vllm bench env env-vllm clean
+
+env:
+	@scripts/setup_env.sh $(VENV) dev
+
+env-vllm:
+	@scripts/setup_vllm_env.sh $(VLLM_VENV)
+
+run: env
+	$(VENV)/bin/swarm-node local $(ARGS)
+
+test: env
+	$(PY) -m pytest -q $(ARGS)
+
+test-slow: env
+	$(PY) -m pytest -q -m slow $(ARGS)
+
+test-vllm: env-vllm
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(ARGS)
+
+bench: env
+	for b in wire objective swarm generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV)

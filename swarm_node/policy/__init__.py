@@ -1,0 +1,1 @@
+"""Model loading, generation backends, logprob scoring, the training step and checkpoints."""

@@ -1,0 +1,60 @@
+"""Types shared by generation, training and the node loop (not wire types: see protocol/)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GeneratedCompletion:
+    """One sampled completion.
+
+    token_ids: int64 [T], the sampled tokens (stop token included when finish_reason == "stop").
+    logprobs:  float32 [T], log pi_gen(token_t | prompt, tokens_<t) under the sampling
+               distribution actually used (temperature applied; top_p = 1 keeps it exact).
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One completion ready for the objective. Samples sharing `group_key` form one advantage group.
+
+    prompt_ids:         int64 [P]
+    completion_ids:     int64 [T]
+    generator_logprobs: float32 [T], sampled-token logprobs under the generating policy pi_gen
+    reward:             recomputed locally, never a peer's claim
+    is_peer:            True when another node generated it (filters apply by scope)
+    source:             "self" or the generating peer's id
+    """
+
+    group_key: str
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    generator_logprobs: np.ndarray
+    reward: float
+    is_peer: bool
+    source: str = "self"
+
+
+class Generator(Protocol):
+    """A generation backend. Sampling settings are fixed at construction (GenerationConfig)."""
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
+        """Sample `n` completions for each prompt; returns one list of n completions per prompt."""
+        ...
+
+    def sync_weights(self, model: object) -> None:
+        """Make subsequent generations use the trainer's current weights."""
+        ...
+
+    def close(self) -> None: ...

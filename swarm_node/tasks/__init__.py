@@ -1,0 +1,1 @@
+"""Prompt sources (built-in arithmetic, GSM8K, MATH-500) and verifiable rewards."""
