@@ -1,0 +1,146 @@
+"""Wire-format size and speed of rollout groups, comparing compression schemes in one run.
+
+    python -m benchmarks.wire                     # synthetic groups: G=8 x 256 tokens
+    python -m benchmarks.wire --rollouts FILE     # groups from a rollout file (codec.write_rollout_file)
+
+Synthetic data: token ids Zipf-like (s=1.1) over a 49,152-token vocabulary, ranks mapped to ids by a
+fixed random permutation (so ids carry no "frequent = small" help); logprobs like an LM's sampled
+tokens: 80% -exp(N(-4, 2)) (near 0), 20% -exp(N(0.5, 1)) (heavy tail), clipped to [-30, 0], float32.
+Sizes include the 9-byte header and every field. Speeds are MB of uncompressed message (the size
+with scheme NONE) per second, single thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import numpy as np
+import zstandard
+
+from benchmarks.common import emit
+from protocol import codec
+from protocol._schema import shuffle_bytes
+from protocol.codec import Scheme, decode, encode
+from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+
+VOCAB = 49_152
+
+
+def synthetic_groups(n_groups: int, group_size: int, tokens: int, seed: int = 0) -> list[RolloutGroup]:
+    rng = np.random.default_rng(seed)
+    ranks = np.arange(1, VOCAB + 1, dtype=np.float64)
+    p = ranks**-1.1
+    p /= p.sum()
+    perm = rng.permutation(VOCAB).astype(np.uint32)
+    out = []
+    for g in range(n_groups):
+        comps = []
+        for _ in range(group_size):
+            ids = perm[rng.choice(VOCAB, size=tokens, p=p)]
+            near = -np.exp(rng.normal(-4.0, 2.0, tokens))
+            tail = -np.exp(rng.normal(0.5, 1.0, tokens))
+            lp = np.clip(np.where(rng.random(tokens) < 0.8, near, tail), -30.0, 0.0).astype(np.float32)
+            comps.append(Completion(token_ids=ids, logprobs=lp, finish_reason="length", claimed_reward=0.0))
+        out.append(RolloutGroup(
+            swarm_id="bench-swarm", sender="12D3KooWBenchmarkPeerIdentifier00000000000000000",
+            model_id="HuggingFaceTB/SmolLM2-135M-Instruct", model_revision="main",
+            tokenizer_fingerprint="sha256:" + "0f" * 16, policy_version=1234, created_at=1.7e9 + g,
+            prompt=PromptRef(prompt_set_id="gsm8k-train", index=g, sha256="ab" * 32),
+            sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=tokens), completions=comps,
+        ))
+    return out
+
+
+def _split_streams(g: RolloutGroup) -> bytes:
+    """Benchmark-only variant: shuffled tokens and logprobs as two separate zstd frames, plus the
+    rest of the message uncompressed (its size stands in for the metadata; not decodable)."""
+    z = zstandard.ZstdCompressor(level=3)
+    tok = b"".join(c.token_ids.tobytes() for c in g.completions)
+    lp = b"".join(c.logprobs.tobytes() for c in g.completions)
+    meta = len(encode(g, Scheme.NONE)) - len(tok) - len(lp)
+    return z.compress(shuffle_bytes(tok)) + z.compress(shuffle_bytes(lp)) + bytes(meta)
+
+
+def _timed(fn: Callable[[], object], min_seconds: float) -> float:
+    """Seconds per call of fn, repeated until min_seconds elapsed."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def measure(groups: list[RolloutGroup], min_seconds: float) -> dict[str, object]:
+    n_tokens = sum(g.num_tokens for g in groups)
+    raw_bytes = sum(len(encode(g, Scheme.NONE)) for g in groups)
+    variants: dict[str, Callable[[RolloutGroup], bytes]] = {
+        "none": lambda g: encode(g, Scheme.NONE),
+        "zstd_l3": lambda g: encode(g, Scheme.ZSTD, level=3),
+        "zstd_l19": lambda g: encode(g, Scheme.ZSTD, level=19),
+        "shuffle_zstd_l1": lambda g: encode(g, Scheme.SHUFFLE_ZSTD, level=1),
+        "shuffle_zstd_l3": lambda g: encode(g, Scheme.SHUFFLE_ZSTD, level=3),
+        "shuffle_zstd_l9": lambda g: encode(g, Scheme.SHUFFLE_ZSTD, level=9),
+        "shuffle_zstd_l19": lambda g: encode(g, Scheme.SHUFFLE_ZSTD, level=19),
+        "split_streams_l3_estimate": _split_streams,
+    }
+    schemes: dict[str, dict[str, float]] = {}
+    for name, enc in variants.items():
+        blobs = [enc(g) for g in groups]
+        row = {"bytes_per_token": round(sum(map(len, blobs)) / n_tokens, 4),
+               "ratio_vs_raw": round(sum(map(len, blobs)) / raw_bytes, 4)}
+        if not name.startswith("split"):
+            assert all(decode(b) == g for b, g in zip(blobs, groups, strict=True)), name  # lossless
+            t_enc = _timed(lambda enc=enc: [enc(g) for g in groups], min_seconds)
+            t_dec = _timed(lambda blobs=blobs: [decode(b) for b in blobs], min_seconds)
+            row["encode_mb_s"] = round(raw_bytes / t_enc / 1e6, 2)
+            row["decode_mb_s"] = round(raw_bytes / t_dec / 1e6, 2)
+        schemes[name] = row
+    default_blobs = [encode(g) for g in groups]
+    t_enc = _timed(lambda: [encode(g) for g in groups], min_seconds)
+    t_dec = _timed(lambda: [decode(b) for b in default_blobs], min_seconds)
+    tokens = np.concatenate([c.token_ids for g in groups for c in g.completions])
+    counts = np.bincount(tokens)
+    freq = counts[counts > 0] / tokens.size
+    return {
+        "groups": len(groups),
+        "tokens": n_tokens,
+        "bytes_per_token_raw": round(raw_bytes / n_tokens, 4),
+        "bytes_per_token": round(sum(map(len, default_blobs)) / n_tokens, 4),
+        "default_scheme": f"{codec.DEFAULT_SCHEME.name.lower()}_l{codec.ZSTD_LEVEL}",
+        "default_ratio_vs_raw": round(sum(map(len, default_blobs)) / raw_bytes, 4),
+        "encode_mb_s": round(raw_bytes / t_enc / 1e6, 2),
+        "decode_mb_s": round(raw_bytes / t_dec / 1e6, 2),
+        "groups_per_s_decode": round(len(groups) / t_dec, 1),
+        "token_id_empirical_entropy_bits": round(float(-(freq * np.log2(freq)).sum()), 3),
+        "schemes": schemes,
+        "mb_basis": "uncompressed message bytes (scheme none) per second, one thread",
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", help="read RolloutGroups from this rollout file instead of synthetic data")
+    parser.add_argument("--groups", type=int, default=16, help="synthetic groups")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--min-seconds", type=float, default=0.5, help="timing duration per measurement")
+    args = parser.parse_args()
+    if args.rollouts:
+        groups = list(codec.read_rollout_file(args.rollouts))
+        source = {"source": "file", "path": args.rollouts}
+    else:
+        groups = synthetic_groups(args.groups, args.group_size, args.tokens)
+        source = {"source": "synthetic", "group_size": args.group_size, "tokens_per_completion": args.tokens,
+                  "vocab": VOCAB, "targets": {"bytes_per_token_raw": 8.5, "bytes_per_token": 6.0}}
+    result = {"benchmark": "wire", **source, **measure(groups, args.min_seconds)}
+    for name, row in result["schemes"].items():  # type: ignore[union-attr]
+        print(f"{name:28s} {row}")
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The swarm-node wire protocol: messages, codec, DHT keys and validation.
+
+Pure: depends on the standard library, msgpack, numpy and zstandard only (never torch or hivemind),
+so it can be audited and fuzzed on its own.
+"""
+
+from protocol.codec import DEFAULT_LIMITS, DEFAULT_SCHEME, Limits, Scheme, decode, encode
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Completion,
+    IndexEntry,
+    Message,
+    NodeStatus,
+    PromptChunk,
+    PromptRef,
+    PromptSetManifest,
+    ProtocolError,
+    RolloutGroup,
+    RolloutIndex,
+    SamplingParams,
+)
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_SCHEME",
+    "PROTOCOL_VERSION",
+    "SUPPORTED_VERSIONS",
+    "Completion",
+    "IndexEntry",
+    "Limits",
+    "Message",
+    "NodeStatus",
+    "PromptChunk",
+    "PromptRef",
+    "PromptSetManifest",
+    "ProtocolError",
+    "RolloutGroup",
+    "RolloutIndex",
+    "SamplingParams",
+    "Scheme",
+    "decode",
+    "encode",
+]

@@ -1,0 +1,77 @@
+"""The only place DHT key strings are built.
+
+Layout (all under the swarm's namespace, so swarms sharing a DHT never collide):
+
+    swarm-node/<swarm_id>/rollouts/<window>          per-window rollout index; one subkey per peer
+    swarm-node/<swarm_id>/chunk/<sha256 hex>         content-addressed payload chunk
+    swarm-node/<swarm_id>/status                     node status records; one subkey per peer
+    swarm-node/<swarm_id>/prompts/<prompt_set_id>    signed prompt-set manifest
+
+Every function validates its inputs and raises ProtocolError on bad ones, so that a key built from
+peer-supplied data (a digest from an index record) can never escape its namespace.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from protocol.messages import ProtocolError
+
+PREFIX = "swarm-node"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+MAX_WINDOW = 2**62
+
+
+def check_name(value: object, what: str = "swarm id") -> str:
+    """A swarm or prompt-set id: 1-64 characters of [A-Za-z0-9._-], starting alphanumeric."""
+    if not isinstance(value, str) or _NAME.fullmatch(value) is None:
+        raise ProtocolError(f"bad {what} {value!r}: use 1-64 characters of [A-Za-z0-9._-], starting alphanumeric")
+    return value
+
+
+def check_digest(value: object) -> str:
+    """A content digest: 64 lowercase hex characters (sha256)."""
+    if not isinstance(value, str) or _DIGEST.fullmatch(value) is None:
+        raise ProtocolError(f"bad chunk digest {value!r}: expected 64 lowercase hex characters")
+    return value
+
+
+def rollout_index_key(swarm_id: str, window: int) -> str:
+    """Key of the rollout index records of one time window (each peer writes its own subkey)."""
+    if not isinstance(window, int) or isinstance(window, bool) or not 0 <= window <= MAX_WINDOW:
+        raise ProtocolError(f"bad window {window!r}: expected an int in [0, {MAX_WINDOW}]")
+    return f"{PREFIX}/{check_name(swarm_id)}/rollouts/{window}"
+
+
+def chunk_key(swarm_id: str, digest_hex: str) -> str:
+    """Key of a content-addressed chunk (the value's sha256 must equal `digest_hex`)."""
+    return f"{PREFIX}/{check_name(swarm_id)}/chunk/{check_digest(digest_hex)}"
+
+
+def status_key(swarm_id: str) -> str:
+    """Key of the swarm's node status records (each peer writes its own subkey)."""
+    return f"{PREFIX}/{check_name(swarm_id)}/status"
+
+
+def prompt_manifest_key(swarm_id: str, prompt_set_id: str) -> str:
+    """Key of a prompt set's signed manifest."""
+    return f"{PREFIX}/{check_name(swarm_id)}/prompts/{check_name(prompt_set_id, 'prompt set id')}"
+
+
+def window_of(dht_time: float, window_seconds: float) -> int:
+    """The index window containing `dht_time`: floor(dht_time / window_seconds)."""
+    try:
+        t, w = float(dht_time), float(window_seconds)
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"bad time or window length: {e}") from e
+    if not (math.isfinite(t) and t >= 0 and math.isfinite(w) and w > 0):
+        raise ProtocolError(f"bad time {dht_time!r} or window length {window_seconds!r}")
+    ratio = t / w
+    if not ratio <= MAX_WINDOW:
+        raise ProtocolError(f"window of time {dht_time!r} / {window_seconds!r} out of range")
+    window = math.floor(ratio)
+    if window > MAX_WINDOW:
+        raise ProtocolError(f"window {window} out of range")
+    return window

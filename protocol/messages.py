@@ -1,0 +1,242 @@
+"""Every wire type peers exchange, in one module.
+
+Frozen dataclasses of flat primitives (str, int, float, bytes, tuples of those, 1-D numpy arrays).
+Construction only normalises *types* (lists become tuples, arrays become read-only 1-D arrays of the
+wire dtype) so that a received message can always be represented, even a semantically bad one: the
+semantic rules (vocabulary, finite logprobs, consistent lengths, ...) live in `protocol.validate`,
+which reports rejection reasons instead of raising. Build messages with keyword arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+"""The version this code writes. Every message carries it; a node refuses other versions."""
+
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({PROTOCOL_VERSION})
+"""Versions this code can decode."""
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+NODE_ROLES: tuple[str, ...] = ("trainer", "observer")
+ANSWER_KINDS: tuple[str, ...] = ("number", "math")
+
+
+class ProtocolError(ValueError):
+    """The one exception the protocol raises for bad input.
+
+    Raised by `codec.decode` for any bytes that are not a well-formed message within the limits
+    (truncated, wrong types, oversized, unknown version or type, decompression bombs, random bytes),
+    by `codec.encode` for a message that cannot be written, by `keys` for bad key parts, and by the
+    message constructors when a field has the wrong *type*. Subclasses ValueError.
+    """
+
+
+def _as_tuple(value: Any, name: str) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ProtocolError(f"{name} must be a sequence, got {type(value).__name__}")
+    return tuple(value)
+
+
+def _wire_array(value: Any, dtype: type, name: str) -> np.ndarray:
+    """A read-only 1-D array of `dtype`, reusing `value` when it already is one (decode path)."""
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ProtocolError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype != dtype:
+        if dtype is np.uint32:
+            if arr.size and arr.dtype.kind not in "ui":
+                raise ProtocolError(f"{name} must hold integers, got {arr.dtype}")
+            if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
+                raise ProtocolError(f"{name} values must fit in uint32")
+        elif arr.size and arr.dtype.kind not in "uif":
+            raise ProtocolError(f"{name} must hold numbers, got {arr.dtype}")
+        arr = arr.astype(dtype)
+    elif arr.flags.writeable:
+        arr = arr.copy()
+    arr.flags.writeable = False
+    return arr
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptRef:
+    """Which prompt a group answers. The receiver re-renders the prompt from its own copy of the set
+    and compares `sha256` (lowercase hex of sha256 over the prompt text, UTF-8) before trusting it."""
+
+    prompt_set_id: str
+    index: int  # >= 0, position in the prompt set
+    sha256: str  # 64 lowercase hex characters
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How the completions were sampled; logprobs are under this (tempered, top-p) distribution."""
+
+    temperature: float  # > 0, finite
+    top_p: float  # in (0, 1]
+    max_new_tokens: int  # >= 1; no completion is longer
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Completion:
+    """One sampled completion.
+
+    Invariants (checked by validate, not here): len(token_ids) == len(logprobs) >= 1; every token id
+    < the vocabulary size; every logprob finite and <= 0; finish_reason in FINISH_REASONS.
+    `claimed_reward` is the sender's own score, informational only: receivers recompute rewards.
+    """
+
+    token_ids: np.ndarray  # [T] uint32, read-only
+    logprobs: np.ndarray  # [T] float32, read-only: log p_gen(sampled token) under the sampling distribution
+    finish_reason: str  # 'stop' | 'length'
+    claimed_reward: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "token_ids", _wire_array(self.token_ids, np.uint32, "token_ids"))
+        object.__setattr__(self, "logprobs", _wire_array(self.logprobs, np.float32, "logprobs"))
+
+    def __eq__(self, other: object) -> bool:
+        """Exact equality; logprobs compare bitwise so NaN payloads round-trip equal."""
+        if not isinstance(other, Completion):
+            return NotImplemented
+        return (
+            self.finish_reason == other.finish_reason
+            and _same_float(self.claimed_reward, other.claimed_reward)
+            and np.array_equal(self.token_ids, other.token_ids)
+            and self.logprobs.tobytes() == other.logprobs.tobytes()
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _same_float(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutGroup:
+    """G completions of one prompt by one sender's model (vertical collaboration).
+
+    Invariants (checked by validate): protocol_version supported; 1 <= len(completions) <= limit;
+    per-token importance weights are only meaningful when `tokenizer_fingerprint` matches the
+    receiver's. `created_at` is DHT time (float seconds); `policy_version` is the sender's step.
+    """
+
+    protocol_version: int = PROTOCOL_VERSION
+    swarm_id: str
+    sender: str  # peer id (base58 string)
+    model_id: str
+    model_revision: str
+    tokenizer_fingerprint: str
+    policy_version: int  # >= 0
+    created_at: float
+    prompt: PromptRef
+    sampling: SamplingParams
+    completions: tuple[Completion, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "completions", _as_tuple(self.completions, "completions"))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(int(c.token_ids.shape[0]) for c in self.completions)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexEntry:
+    """Where one encoded RolloutGroup lives: the concatenation of the content-addressed chunks
+    `chunk_digests` (sha256 hex, in order) is the encoding, `size` bytes long."""
+
+    chunk_digests: tuple[str, ...]  # >= 1 digests of 64 lowercase hex characters
+    size: int  # total bytes of the encoded group
+    prompt_index: int
+    policy_version: int
+    created_at: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_digests", _as_tuple(self.chunk_digests, "chunk_digests"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutIndex:
+    """The small record a peer publishes under the per-window key (its own subkey)."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    sender: str
+    window: int  # keys.window_of(created_at, window_seconds)
+    entries: tuple[IndexEntry, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", _as_tuple(self.entries, "entries"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeStatus:
+    """What observers read about a node. `metrics` holds finite floats under short keys (bounded
+    count and key length, checked by validate); treat it as read-only."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    peer_id: str
+    role: str  # 'trainer' | 'observer'
+    model_id: str
+    step: int  # >= 0
+    timestamp: float  # DHT time
+    maddrs: tuple[str, ...] = ()
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "maddrs", _as_tuple(self.maddrs, "maddrs"))
+        if not isinstance(self.metrics, dict):
+            raise ProtocolError("metrics must be a dict")
+        object.__setattr__(self, "metrics", dict(sorted(self.metrics.items())))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, NodeStatus):
+            return NotImplemented
+        same = all(
+            getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name != "metrics"
+        )
+        return (
+            same
+            and self.metrics.keys() == other.metrics.keys()
+            and all(_same_float(v, other.metrics[k]) for k, v in self.metrics.items())
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptSetManifest:
+    """A seeded prompt set: the operator signs `codec.manifest_signing_bytes(manifest)` (the
+    encoding with an empty signature) with the key whose public part is `owner_public_key`."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    prompt_set_id: str
+    name: str
+    answer_kind: str  # 'number' | 'math'
+    num_problems: int  # >= 1; indices 0..num_problems-1 spread over the chunks in order
+    chunk_digests: tuple[str, ...]  # sha256 hex of each encoded PromptChunk
+    owner_public_key: bytes
+    created_at: float
+    signature: bytes = b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_digests", _as_tuple(self.chunk_digests, "chunk_digests"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptChunk:
+    """A content-addressed slice of a prompt set: (index, question, answer) triples."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    items: tuple[tuple[int, str, str], ...]
+
+    def __post_init__(self) -> None:
+        items = _as_tuple(self.items, "items")
+        object.__setattr__(self, "items", tuple(_as_tuple(it, "item") for it in items))
+
+
+Message = RolloutGroup | RolloutIndex | NodeStatus | PromptSetManifest | PromptChunk

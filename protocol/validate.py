@@ -1,0 +1,195 @@
+"""Semantic checks of decoded messages: return the reasons a message is rejected (empty = accept).
+
+Never raises on a message built by `codec.decode` (or any message whose fields have the declared
+types); the node counts drops by these reason identifiers, which are stable strings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from protocol.messages import (
+    ANSWER_KINDS,
+    FINISH_REASONS,
+    NODE_ROLES,
+    SUPPORTED_VERSIONS,
+    NodeStatus,
+    PromptSetManifest,
+    RolloutGroup,
+)
+
+# Reasons (stable identifiers; the node counts drops under these names).
+BAD_VERSION = "bad_version"
+EMPTY_GROUP = "empty_group"
+GROUP_TOO_SMALL = "group_too_small"
+GROUP_TOO_LARGE = "group_too_large"
+EMPTY_COMPLETION = "empty_completion"
+TOO_MANY_TOKENS = "too_many_tokens"
+TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
+LENGTH_MISMATCH = "length_mismatch"
+LOGPROB_NONFINITE = "logprob_nonfinite"
+LOGPROB_POSITIVE = "logprob_positive"
+BAD_FINISH_REASON = "bad_finish_reason"
+BAD_SAMPLING = "bad_sampling"
+BAD_PROMPT_REF = "bad_prompt_ref"
+BAD_TIMESTAMP = "bad_timestamp"
+BAD_POLICY_VERSION = "bad_policy_version"
+WRONG_SWARM = "wrong_swarm"
+TOKENIZER_MISMATCH = "tokenizer_mismatch"
+BAD_ROLE = "bad_role"
+BAD_STEP = "bad_step"
+TOO_MANY_METRICS = "too_many_metrics"
+METRIC_KEY_TOO_LONG = "metric_key_too_long"
+METRIC_NONFINITE = "metric_nonfinite"
+BAD_ANSWER_KIND = "bad_answer_kind"
+BAD_NUM_PROBLEMS = "bad_num_problems"
+BAD_CHUNK_DIGEST = "bad_chunk_digest"
+NO_CHUNKS = "no_chunks"
+UNSIGNED = "unsigned"
+WRONG_OWNER = "wrong_owner"
+
+GROUP_REASONS = (
+    BAD_VERSION, EMPTY_GROUP, GROUP_TOO_SMALL, GROUP_TOO_LARGE, EMPTY_COMPLETION, TOO_MANY_TOKENS, TOKEN_OUT_OF_VOCAB,
+    LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, BAD_FINISH_REASON, BAD_SAMPLING, BAD_PROMPT_REF,
+    BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
+)
+STATUS_REASONS = (
+    BAD_VERSION, BAD_ROLE, BAD_STEP, BAD_TIMESTAMP, TOO_MANY_METRICS, METRIC_KEY_TOO_LONG, METRIC_NONFINITE,
+)
+MANIFEST_REASONS = (
+    BAD_VERSION, BAD_ANSWER_KIND, BAD_NUM_PROBLEMS, NO_CHUNKS, BAD_CHUNK_DIGEST, BAD_TIMESTAMP, UNSIGNED, WRONG_OWNER,
+)
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ValidationLimits:
+    """What a receiving node accepts. `vocab_size` is the receiver's tokenizer's (a token id >= it
+    cannot be scored); the optional expectations turn on the swarm and tokenizer checks."""
+
+    vocab_size: int
+    max_tokens_per_completion: int = 4_096
+    max_group_size: int = 64
+    min_group_size: int = 1
+    versions: frozenset[int] = SUPPORTED_VERSIONS
+    expected_swarm_id: str | None = None
+    expected_tokenizer_fingerprint: str | None = None
+    max_metrics: int = 256
+    max_metric_key_len: int = 64
+    expected_owner: bytes | None = None
+
+
+def _add(reasons: list[str], reason: str) -> None:
+    if reason not in reasons:
+        reasons.append(reason)
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
+    """Reasons to reject `group` (empty list: accept), each listed once, in a stable order."""
+    reasons: list[str] = []
+    if group.protocol_version not in limits.versions:
+        _add(reasons, BAD_VERSION)
+    if limits.expected_swarm_id is not None and group.swarm_id != limits.expected_swarm_id:
+        _add(reasons, WRONG_SWARM)
+    fp = limits.expected_tokenizer_fingerprint
+    if fp is not None and group.tokenizer_fingerprint != fp:
+        _add(reasons, TOKENIZER_MISMATCH)
+    if not _finite(group.created_at) or group.created_at < 0:
+        _add(reasons, BAD_TIMESTAMP)
+    if not isinstance(group.policy_version, int) or group.policy_version < 0:
+        _add(reasons, BAD_POLICY_VERSION)
+    p, s = group.prompt, group.sampling
+    if not (isinstance(p.index, int) and p.index >= 0 and isinstance(p.sha256, str) and _HEX64.fullmatch(p.sha256)):
+        _add(reasons, BAD_PROMPT_REF)
+    if not (_finite(s.temperature) and s.temperature > 0 and _finite(s.top_p) and 0 < s.top_p <= 1
+            and isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1):
+        _add(reasons, BAD_SAMPLING)
+    n = len(group.completions)
+    if n == 0:
+        _add(reasons, EMPTY_GROUP)
+    elif n < limits.min_group_size:
+        _add(reasons, GROUP_TOO_SMALL)
+    if n > limits.max_group_size:
+        _add(reasons, GROUP_TOO_LARGE)
+    max_tokens = limits.max_tokens_per_completion
+    if isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1:
+        max_tokens = min(max_tokens, s.max_new_tokens)
+    for c in group.completions:
+        _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits.vocab_size, reasons)
+    return reasons
+
+
+def _check_completion(
+    token_ids: np.ndarray, logprobs: np.ndarray, finish_reason: str, max_tokens: int, vocab_size: int,
+    reasons: list[str],
+) -> None:
+    n_tok, n_lp = int(token_ids.shape[0]), int(logprobs.shape[0])
+    if n_tok == 0:
+        _add(reasons, EMPTY_COMPLETION)
+    if n_tok != n_lp:
+        _add(reasons, LENGTH_MISMATCH)
+    if max(n_tok, n_lp) > max_tokens:
+        _add(reasons, TOO_MANY_TOKENS)
+    if n_tok and int(token_ids.max()) >= vocab_size:
+        _add(reasons, TOKEN_OUT_OF_VOCAB)
+    if n_lp:
+        finite = np.isfinite(logprobs)
+        if not finite.all():
+            _add(reasons, LOGPROB_NONFINITE)
+        if (logprobs[finite] > 0).any():
+            _add(reasons, LOGPROB_POSITIVE)
+    if finish_reason not in FINISH_REASONS:
+        _add(reasons, BAD_FINISH_REASON)
+
+
+def validate_status(status: NodeStatus, limits: ValidationLimits) -> list[str]:
+    """Reasons to reject a node status record (empty list: accept)."""
+    reasons: list[str] = []
+    if status.protocol_version not in limits.versions:
+        _add(reasons, BAD_VERSION)
+    if status.role not in NODE_ROLES:
+        _add(reasons, BAD_ROLE)
+    if not isinstance(status.step, int) or status.step < 0:
+        _add(reasons, BAD_STEP)
+    if not _finite(status.timestamp) or status.timestamp < 0:
+        _add(reasons, BAD_TIMESTAMP)
+    if len(status.metrics) > limits.max_metrics:
+        _add(reasons, TOO_MANY_METRICS)
+    for key, value in status.metrics.items():
+        if len(key) > limits.max_metric_key_len:
+            _add(reasons, METRIC_KEY_TOO_LONG)
+        if not _finite(value):
+            _add(reasons, METRIC_NONFINITE)
+    return reasons
+
+
+def validate_manifest(manifest: PromptSetManifest, limits: ValidationLimits) -> list[str]:
+    """Reasons to reject a prompt-set manifest (empty list: accept). The signature itself is
+    checked by the transport, which holds the crypto; here: present, and from the expected owner."""
+    reasons: list[str] = []
+    if manifest.protocol_version not in limits.versions:
+        _add(reasons, BAD_VERSION)
+    if manifest.answer_kind not in ANSWER_KINDS:
+        _add(reasons, BAD_ANSWER_KIND)
+    if not isinstance(manifest.num_problems, int) or manifest.num_problems < 1:
+        _add(reasons, BAD_NUM_PROBLEMS)
+    if not manifest.chunk_digests:
+        _add(reasons, NO_CHUNKS)
+    if any(not isinstance(d, str) or _HEX64.fullmatch(d) is None for d in manifest.chunk_digests):
+        _add(reasons, BAD_CHUNK_DIGEST)
+    if not _finite(manifest.created_at) or manifest.created_at < 0:
+        _add(reasons, BAD_TIMESTAMP)
+    if not manifest.signature:
+        _add(reasons, UNSIGNED)
+    if limits.expected_owner is not None and manifest.owner_public_key != limits.expected_owner:
+        _add(reasons, WRONG_OWNER)
+    return reasons

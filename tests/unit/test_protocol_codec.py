@@ -1,0 +1,193 @@
+"""Codec bounds and hostile inputs, DHT keys, chunk helpers and the rollout file format."""
+
+from __future__ import annotations
+
+import ast
+import struct
+import sys
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import zstandard
+
+from protocol import keys
+from protocol.codec import (
+    Limits,
+    Scheme,
+    content_digest,
+    decode,
+    encode,
+    read_rollout_file,
+    split_chunks,
+    write_rollout_file,
+)
+from protocol.messages import Completion, NodeStatus, PromptRef, ProtocolError, RolloutGroup, SamplingParams
+
+
+def make_group(n_comp: int = 3, n_tok: int = 10, seed: int = 0) -> RolloutGroup:
+    rng = np.random.default_rng(seed)
+    return RolloutGroup(
+        swarm_id="s", sender="p", model_id="m", model_revision="r", tokenizer_fingerprint="fp", policy_version=1,
+        created_at=10.0, prompt=PromptRef(prompt_set_id="ps", index=seed, sha256="0" * 64),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=n_tok),
+        completions=[Completion(token_ids=rng.integers(0, 100, n_tok), logprobs=-rng.random(n_tok),
+                                finish_reason="stop", claimed_reward=0.0) for _ in range(n_comp)],
+    )
+
+
+def frame(body: bytes, kind: int = 1, scheme: int = 0, version: int = 1, declared: int | None = None) -> bytes:
+    size = len(body) if declared is None else declared
+    return struct.pack("<2sBBBI", b"SN", version, kind, scheme, size) + body
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"", "truncated"),
+        (b"SN\x01", "truncated"),
+        (b"XX" + bytes(20), "bad magic"),
+        (frame(b"\x90", version=2), "unsupported protocol version 2"),
+        (frame(b"\x90", kind=9), "unknown message type 9"),
+        (frame(b"\x90", scheme=7), "unknown compression scheme 7"),
+        (frame(b"\x90", declared=1 << 31), "exceeds"),
+        (frame(b"\x90\x90"), "trailing"),
+        (frame(b"\xdd\xff\xff\xff\xff"), "truncated msgpack"),
+        (frame(b"\x9c" + b"\xc0" * 12), "expected array, got NoneType"),
+        (frame(b"\x91\x91\xc0", kind=5), "item: expected array"),
+    ],
+)
+def test_bad_bytes_raise_protocol_error(data: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(data)
+
+
+def test_wrong_input_type() -> None:
+    with pytest.raises(ProtocolError, match="expected bytes"):
+        decode("SN")  # type: ignore[arg-type]
+
+
+def test_decompression_bomb_is_refused_without_inflating() -> None:
+    bomb = zstandard.ZstdCompressor(level=19).compress(b"\x00" * (64 << 20))
+    assert len(bomb) < 10_000
+    with pytest.raises(ProtocolError, match="exceeds"):  # the header cannot declare 64 MiB
+        decode(frame(bomb, scheme=Scheme.ZSTD, declared=64 << 20))
+    with pytest.raises(ProtocolError, match="declares"):  # nor lie about it
+        decode(frame(bomb, scheme=Scheme.ZSTD, declared=100))
+    unsized = zstandard.ZstdCompressor(write_content_size=False).compress(b"\x90")
+    with pytest.raises(ProtocolError, match="declares"):
+        decode(frame(unsized, scheme=Scheme.ZSTD, declared=1))
+
+
+def test_nested_container_flood_is_refused_before_unpacking() -> None:
+    body = b"\xdc\xff\xff" + b"\x90" * 0xFFFF  # one array of 65535 empty arrays
+    with pytest.raises(ProtocolError, match="more than 1000 msgpack objects"):
+        decode(frame(body), Limits(max_objects=1000))
+
+
+def test_limits_bound_counts_and_sizes() -> None:
+    group = make_group(n_comp=5, n_tok=20)
+    data = encode(group)
+    for limits, match in [
+        (Limits(max_completions=4), "completions"),
+        (Limits(max_tokens_per_completion=19), "n_tokens"),
+        (Limits(max_total_tokens=99), "exceeds 99"),
+        (Limits(max_string_len=0), "exceeds 0"),
+        (Limits(max_encoded_bytes=len(data) - 1), "exceeds"),
+    ]:
+        with pytest.raises(ProtocolError, match=match):
+            decode(data, limits)
+        with pytest.raises(ProtocolError):  # we never write what a peer with these limits refuses
+            encode(group, limits=limits)
+    status = NodeStatus(peer_id="p", role="trainer", model_id="m", step=1, timestamp=1.0,
+                        metrics={f"k{i}": 1.0 for i in range(10)})
+    with pytest.raises(ProtocolError, match="max_map_len"):
+        decode(encode(status), Limits(max_metrics=9))
+
+
+def test_encode_rejects_unwritable_messages() -> None:
+    with pytest.raises(ProtocolError, match="not a protocol message"):
+        encode(object())  # type: ignore[arg-type]
+    base = make_group()
+    for bad in [{"policy_version": 2**64}, {"created_at": "now"}, {"sender": "\ud800"}, {"swarm_id": 5}]:
+        with pytest.raises(ProtocolError):
+            encode(RolloutGroup(**{**base.__dict__, **bad}))
+    with pytest.raises(ProtocolError, match="uint32"):
+        Completion(token_ids=[-1], logprobs=[0.0], finish_reason="stop", claimed_reward=0.0)
+    with pytest.raises(ProtocolError, match="1-D"):
+        Completion(token_ids=np.zeros((2, 2)), logprobs=[0.0], finish_reason="stop", claimed_reward=0.0)
+
+
+def test_compression_schemes_are_lossless_and_default_is_smallest() -> None:
+    group = make_group(n_comp=8, n_tok=256)
+    sizes = {s: len(encode(group, s)) for s in Scheme}
+    for s in Scheme:
+        assert decode(encode(group, s)) == group
+    assert sizes[Scheme.SHUFFLE_ZSTD] == min(sizes.values()) < sizes[Scheme.NONE]
+    raw = sizes[Scheme.NONE]
+    assert raw <= 8.5 * group.num_tokens  # headers included
+    assert encode(group)[4] == Scheme.SHUFFLE_ZSTD
+
+
+def test_zstd_payload_must_be_exactly_one_frame() -> None:
+    data = encode(make_group(), Scheme.ZSTD)
+    with pytest.raises(ProtocolError, match="frame"):
+        decode(data + b"\x00")
+    with pytest.raises(ProtocolError):
+        decode(data[:-1])
+
+
+def test_chunks_and_digest(tmp_path: Path) -> None:
+    data = encode(make_group(n_comp=4, n_tok=200))
+    parts = split_chunks(data, 1000)
+    assert len(parts) == -(-len(data) // 1000) and all(len(p) <= 1000 for p in parts)
+    assert b"".join(parts) == data
+    assert content_digest(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    with pytest.raises(ProtocolError):
+        split_chunks(data, 0)
+
+
+def test_rollout_file_round_trip(tmp_path: Path) -> None:
+    groups = [make_group(seed=i) for i in range(4)]
+    path = tmp_path / "rollouts.bin"
+    assert write_rollout_file(path, [groups[0], encode(groups[1]), *groups[2:]]) == 4
+    assert list(read_rollout_file(path)) == groups
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ProtocolError, match="truncated"):
+        list(read_rollout_file(path))
+    path.write_bytes(b"junk")
+    with pytest.raises(ProtocolError, match="magic"):
+        list(read_rollout_file(path))
+
+
+def test_keys() -> None:
+    assert keys.rollout_index_key("my-swarm", 12) == "swarm-node/my-swarm/rollouts/12"
+    assert keys.chunk_key("s", "a" * 64) == f"swarm-node/s/chunk/{'a' * 64}"
+    assert keys.status_key("s.1") == "swarm-node/s.1/status"
+    assert keys.prompt_manifest_key("s", "gsm8k_v1") == "swarm-node/s/prompts/gsm8k_v1"
+    assert keys.window_of(59.9, 30.0) == 1 and keys.window_of(60.0, 30.0) == 2 and keys.window_of(0, 5) == 0
+    for bad in ["", "a/b", "-x", "a" * 65, "sp ace", "é", None]:
+        with pytest.raises(ProtocolError, match="swarm id"):
+            keys.status_key(bad)  # type: ignore[arg-type]
+    for digest in ["A" * 64, "a" * 63, "../" + "a" * 61, 5]:
+        with pytest.raises(ProtocolError, match="digest"):
+            keys.chunk_key("s", digest)  # type: ignore[arg-type]
+    for window in [-1, 1.5, True, 2**63]:
+        with pytest.raises(ProtocolError, match="window"):
+            keys.rollout_index_key("s", window)  # type: ignore[arg-type]
+    for t, w in [(float("nan"), 1.0), (1.0, 0.0), (-1.0, 1.0), ("x", 1.0), (1e300, 1e-300)]:
+        with pytest.raises(ProtocolError):
+            keys.window_of(t, w)  # type: ignore[arg-type]
+
+
+def test_protocol_imports_only_stdlib_msgpack_numpy_zstandard() -> None:
+    allowed = {"msgpack", "numpy", "zstandard", "protocol"} | set(sys.stdlib_module_names)
+    for path in Path("protocol").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{path} imports {name}"
+    assert msgpack.version >= (1, 0)
