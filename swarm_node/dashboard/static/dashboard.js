@@ -1,0 +1,123 @@
+// Polls the dashboard API and draws the peer table and one chart per metric group.
+"use strict";
+
+// `?poll_ms=N` overrides the refresh period (tests use a short one).
+const POLL_MS = Number(new URLSearchParams(window.location.search).get("poll_ms")) || 3000;
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
+const DASHES = [null, "5 3", "2 2", "8 3 2 3"];
+
+// Each chart plots, for every peer, one line per key (keys differ by dash style).
+const CHARTS = [
+  { id: "reward", title: "Reward (mean, own samples)", keys: [["reward_mean", "reward"]] },
+  { id: "accuracy", title: "Accuracy", keys: [["accuracy", "train"], ["eval_accuracy", "eval"]], yMin: 0 },
+  { id: "filtered", title: "Filtered fraction by reason", yMin: 0,
+    keys: [["filtered_fraction_nonpositive_advantage", "advantage ≤ 0"], ["filtered_fraction_kl", "KL > g"]] },
+  { id: "kl", title: "KL(π_θ ‖ π_gen) per sample", keys: [["kl_mean", "mean"], ["kl_p90", "p90"]], yMin: 0 },
+  { id: "isw", title: "Importance weights", keys: [["is_weight_mean", "mean"], ["is_weight_max", "max"]], yMin: 0 },
+  { id: "bpt", title: "Bytes per token (published)", keys: [["bytes_per_token", "bytes/token"]], yMin: 0 },
+  { id: "rate", title: "Step rate (steps/min)", keys: [["steps_per_min", "steps/min"]], yMin: 0 },
+];
+
+const peerColor = {};
+function colorFor(peer) {
+  if (!(peer in peerColor)) peerColor[peer] = COLORS[Object.keys(peerColor).length % COLORS.length];
+  return peerColor[peer];
+}
+
+function shortId(peer) { return peer.length > 14 ? `${peer.slice(0, 6)}…${peer.slice(-6)}` : peer; }
+
+function fmt(v, digits) {
+  if (v === null || v === undefined) return "–";
+  return Number(v).toFixed(digits === undefined ? 3 : digits);
+}
+
+function buildCharts() {
+  const root = document.getElementById("charts");
+  for (const c of CHARTS) {
+    const fig = document.createElement("figure");
+    fig.className = "chart";
+    fig.dataset.chart = c.id;
+    const cap = document.createElement("figcaption");
+    cap.textContent = c.title;
+    const keys = document.createElement("div");
+    keys.className = "keys";
+    keys.textContent = c.keys.length > 1
+      ? c.keys.map(([, label], i) => `${label}: ${i === 0 ? "solid" : "dashed"}`).join(" · ") : "";
+    fig.append(cap, keys);
+    fig.appendChild(document.createElementNS("http://www.w3.org/2000/svg", "svg"));
+    root.appendChild(fig);
+  }
+}
+
+function drawCharts(series) {
+  for (const c of CHARTS) {
+    const lines = [];
+    for (const [peer, s] of Object.entries(series)) {
+      c.keys.forEach(([key], i) => {
+        const points = s.points.filter((p) => p[key] !== null && p[key] !== undefined).map((p) => [p.step, p[key]]);
+        lines.push({ peer, key, points, color: colorFor(peer), dash: DASHES[i % DASHES.length] });
+      });
+    }
+    const svg = document.querySelector(`figure[data-chart="${c.id}"] svg`);
+    window.lineChart(svg, lines, { yMin: c.yMin });
+  }
+}
+
+function drawTable(peers, serverTime) {
+  const body = document.querySelector("#peers tbody");
+  body.replaceChildren();
+  for (const p of peers) {
+    const m = p.metrics;
+    const drops = Object.entries(m).filter(([k]) => k.startsWith("dropped_")).reduce((a, [, v]) => a + (v || 0), 0);
+    const cells = [
+      shortId(p.peer_id), p.model_id, p.step, fmt(m.reward_mean), fmt(m.accuracy),
+      fmt(m.own_samples, 0), fmt(m.peer_samples_used, 0),
+      `${fmt(m.filtered_nonpositive_advantage, 0)} / ${fmt(m.filtered_kl, 0)}`, fmt(drops, 0),
+      fmt(m.tokens_per_s, 1), `${Math.max(0, serverTime - p.last_seen).toFixed(0)} s ago`,
+    ];
+    const tr = document.createElement("tr");
+    tr.dataset.peer = p.peer_id;
+    if (!p.present) tr.className = "absent";
+    cells.forEach((text, i) => {
+      const td = document.createElement("td");
+      if (i === 0) {
+        td.className = "peer";
+        td.title = p.peer_id;
+        const sw = document.createElement("span");
+        sw.className = "swatch";
+        sw.style.background = colorFor(p.peer_id);
+        td.appendChild(sw);
+      }
+      td.appendChild(document.createTextNode(String(text)));
+      tr.appendChild(td);
+    });
+    body.appendChild(tr);
+  }
+}
+
+async function getJson(path) {
+  const r = await fetch(path, { cache: "no-store" });
+  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+  return r.json();
+}
+
+async function refresh() {
+  const status = document.getElementById("status");
+  try {
+    const [peers, history] = await Promise.all([getJson("/api/peers"), getJson("/api/history")]);
+    drawTable(peers.peers, peers.server_time);
+    drawCharts(history.series);
+    const when = new Date().toLocaleTimeString();
+    status.className = peers.last_error ? "error" : "muted";
+    status.textContent = `${peers.peers.length} peers · updated ${when}` +
+      (peers.last_error ? ` · swarm read failed: ${peers.last_error}` : "");
+    document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
+  } catch (e) {
+    status.className = "error";
+    status.textContent = `dashboard API unreachable: ${e.message}`;
+  }
+}
+
+buildCharts();
+refresh();
+setInterval(refresh, POLL_MS);

@@ -1,0 +1,329 @@
+"""A step's metrics: canonical names, the JSONL log, and the Prometheus exporter.
+
+One training step produces one flat `dict[str, float]`. The names below are the contract between
+the node loop (which fills the dict), `metrics.jsonl` (one JSON object per step), Prometheus
+(`swarm_node_<name>` gauges), the status record observers read, the dashboard and the report.
+
+Counting conventions (all counts are *per step*, never cumulative):
+  - `own_samples`: completions this node generated that entered the step's batch.
+  - `peer_samples`: peer completions fetched and validated this step (before the peer-share cap).
+  - `peer_samples_used`: peer completions that entered the batch (filtered ones included: a
+    filtered sample still counts in its group's mean/std, it just gets no gradient).
+  - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
+    sample is counted under the first reason that applies (non-positive advantage, then KL).
+  - `filtered_fraction`: all filtered samples / (own_samples + peer_samples_used).
+  - `dropped_<reason>`: peer data rejected before training (malformed, stale, wrong tokenizer,
+    ...). Reasons are open-ended short identifiers; Prometheus exports them as one labelled
+    counter `swarm_node_dropped_total{reason="..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+STEP = "step"
+TIME = "time"
+REWARD_MEAN = "reward_mean"
+ACCURACY = "accuracy"
+OWN_SAMPLES = "own_samples"
+PEER_SAMPLES = "peer_samples"
+PEER_SAMPLES_USED = "peer_samples_used"
+FILTERED_NONPOSITIVE_ADVANTAGE = "filtered_nonpositive_advantage"
+FILTERED_KL = "filtered_kl"
+FILTERED_FRACTION = "filtered_fraction"
+KL_MEAN = "kl_mean"
+KL_P50 = "kl_p50"
+KL_P90 = "kl_p90"
+KL_P99 = "kl_p99"
+KL_MAX = "kl_max"
+IS_WEIGHT_MEAN = "is_weight_mean"
+IS_WEIGHT_MAX = "is_weight_max"
+TRUNCATED_FRACTION = "truncated_fraction"
+CLIPPED_FRACTION = "clipped_fraction"
+ESS = "ess"
+LOSS = "loss"
+GRAD_NORM = "grad_norm"
+LR = "lr"
+TOKENS_PER_S = "tokens_per_s"
+GEN_SECONDS = "gen_seconds"
+TRAIN_SECONDS = "train_seconds"
+STEP_SECONDS = "step_seconds"
+BYTES_PER_TOKEN = "bytes_per_token"
+BYTES_SENT = "bytes_sent"
+BYTES_RECEIVED = "bytes_received"
+EVAL_ACCURACY = "eval_accuracy"
+
+DROPPED_PREFIX = "dropped_"
+FILTERED_PREFIX = "filtered_"
+# The filter reasons the objective reports (each a `filtered_<reason>` count).
+FILTER_REASONS: tuple[str, ...] = ("nonpositive_advantage", "kl")
+
+# Canonical name -> help text (Prometheus HELP line and documentation).
+METRICS: dict[str, str] = {
+    STEP: "Optimizer steps completed by this node.",
+    TIME: "Wall-clock time (unix seconds) at the end of the step.",
+    REWARD_MEAN: "Mean reward of this node's own completions in the step.",
+    ACCURACY: "Fraction of own completions judged correct in the step.",
+    OWN_SAMPLES: "Own completions in the step's batch.",
+    PEER_SAMPLES: "Peer completions fetched and validated in the step.",
+    PEER_SAMPLES_USED: "Peer completions that entered the step's batch (filtered ones included).",
+    FILTERED_NONPOSITIVE_ADVANTAGE: "Batch samples filtered for a non-positive advantage.",
+    FILTERED_KL: "Batch samples filtered because KL(pi_theta || pi_gen) exceeded g.",
+    FILTERED_FRACTION: "Filtered samples / (own_samples + peer_samples_used).",
+    KL_MEAN: "Mean per-sample k3 KL(pi_theta || pi_gen) over the batch (unit: objective.kl_reduction).",
+    KL_P50: "Median per-sample KL.",
+    KL_P90: "90th percentile of per-sample KL.",
+    KL_P99: "99th percentile of per-sample KL.",
+    KL_MAX: "Largest per-sample KL.",
+    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta/pi_gen before truncation.",
+    IS_WEIGHT_MAX: "Largest token importance weight before truncation.",
+    TRUNCATED_FRACTION: "Fraction of tokens whose importance weight was truncated at C.",
+    CLIPPED_FRACTION: "Fraction of tokens where the PPO clip was active.",
+    ESS: "Effective sample size of the importance weights, normalised to [0, 1].",
+    LOSS: "Objective value of the step.",
+    GRAD_NORM: "Gradient norm before clipping.",
+    LR: "Learning rate used in the step.",
+    TOKENS_PER_S: "Generated tokens per second of generation time.",
+    GEN_SECONDS: "Seconds spent generating in the step.",
+    TRAIN_SECONDS: "Seconds spent in the optimizer step (forward, backward, update).",
+    STEP_SECONDS: "Wall-clock seconds of the whole step.",
+    BYTES_PER_TOKEN: "Published bytes per completion token (after compression).",
+    BYTES_SENT: "Bytes published to the swarm in the step.",
+    BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
+    EVAL_ACCURACY: "Accuracy on the evaluation set, in steps where an evaluation ran.",
+}
+
+_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def dropped_name(reason: str) -> str:
+    """The metric name counting peer data dropped for `reason` (a short identifier)."""
+    if not _NAME_RE.match(reason):
+        raise ValueError(f"drop reason {reason!r} is not a short identifier")
+    return DROPPED_PREFIX + reason
+
+
+def dropped_counts(metrics: Mapping[str, float]) -> dict[str, float]:
+    """`{reason: count}` for every `dropped_<reason>` entry of a step's metrics."""
+    return {k[len(DROPPED_PREFIX):]: float(v) for k, v in metrics.items() if k.startswith(DROPPED_PREFIX)}
+
+
+def filtered_fractions(metrics: Mapping[str, float]) -> dict[str, float]:
+    """`{reason: fraction of the batch}` per filter reason; empty when the batch size is unknown or 0."""
+    batch = float(metrics.get(OWN_SAMPLES, 0.0)) + float(metrics.get(PEER_SAMPLES_USED, 0.0))
+    if batch <= 0:
+        return {}
+    return {r: float(metrics[FILTERED_PREFIX + r]) / batch for r in FILTER_REASONS if FILTERED_PREFIX + r in metrics}
+
+
+class JsonlMetricsWriter:
+    """Append one JSON object per step to `path`.
+
+    Each record is flushed at once (a crash loses at most the record being written) and fsynced
+    at most every `fsync_interval_s` seconds and on close, so logging never dominates a step.
+    A partial last line left by a killed process is cut off when the file is reopened, so later
+    records never fuse with it.
+    """
+
+    def __init__(self, path: Path | str, fsync_interval_s: float = 5.0) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _truncate_partial_tail(self.path)
+        self._fsync_interval_s = fsync_interval_s
+        self._file: IO[str] | None = open(self.path, "a", encoding="utf-8")
+        self._last_fsync = time.monotonic()
+        self._lock = threading.Lock()
+
+    def write(self, metrics: Mapping[str, float]) -> None:
+        """Append one step's metrics (non-finite floats are written as JSON NaN/Infinity)."""
+        line = json.dumps({str(k): _number(k, v) for k, v in metrics.items()}, allow_nan=True)
+        with self._lock:
+            if self._file is None:
+                raise ValueError(f"metrics writer for {self.path} is closed")
+            self._file.write(line + "\n")
+            self._file.flush()
+            now = time.monotonic()
+            if now - self._last_fsync >= self._fsync_interval_s:
+                os.fsync(self._file.fileno())
+                self._last_fsync = now
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                self._file = None
+
+    def __enter__(self) -> JsonlMetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _number(key: Any, value: Any) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"metric {key!r} is not a number: {value!r}") from e
+    return value
+
+
+def _truncate_partial_tail(path: Path) -> None:
+    """If `path` ends without a newline (a torn write), cut it back to the last complete line."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        block = 1 << 16
+        pos = size
+        while pos > 0:
+            start = max(0, pos - block)
+            f.seek(start)
+            chunk = f.read(pos - start)
+            idx = chunk.rfind(b"\n")
+            if idx >= 0:
+                f.truncate(start + idx + 1)
+                return
+            pos = start
+        f.truncate(0)
+
+
+def read_metrics_jsonl(path: Path | str) -> list[dict[str, float]]:
+    """Read a metrics log. A truncated final line (a killed writer) is ignored; a corrupt line
+    anywhere else raises ValueError, since that is not something a crash produces."""
+    records: list[dict[str, float]] = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    # After split, a complete file ends with "" (its trailing newline); anything else is a torn tail.
+    complete, tail = lines[:-1], lines[-1]
+    for lineno, line in enumerate(complete, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: corrupt metrics record: {e}") from e
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{lineno}: metrics record is not an object")
+        records.append(obj)
+    if tail.strip():
+        try:
+            obj = json.loads(tail)
+        except json.JSONDecodeError:
+            obj = None  # torn final write: drop it
+        if isinstance(obj, dict):
+            records.append(obj)
+    return records
+
+
+def finite_or_none(value: float) -> float | None:
+    """JSON for browsers has no NaN/Infinity: map them to null."""
+    return value if math.isfinite(value) else None
+
+
+class PrometheusExporter:
+    """Serve a node's latest step metrics on `http://<addr>/metrics`.
+
+    Every documented metric becomes a gauge `swarm_node_<name>` the first time it is set (so
+    metrics a node never reports do not show as zeros); undocumented names are exported the same
+    way. `dropped_<reason>` values are per-step counts added to the counter
+    `swarm_node_dropped_total{reason="<reason>"}`. Each exporter has its own registry, so several
+    can run in one process (tests, `swarm-node local`).
+    """
+
+    PREFIX = "swarm_node_"
+
+    def __init__(self, addr: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.host, self.requested_port = _parse_addr(addr)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._gauges: dict[str, Any] = {}
+        self._dropped = Counter(
+            self.PREFIX + "dropped",
+            "Peer data dropped before training, by reason (malformed, stale, wrong tokenizer, ...).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when the address asked for port 0)."""
+        if self._server is None:
+            raise RuntimeError("exporter is not started")
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        from prometheus_client import start_http_server
+
+        if self._server is not None:
+            raise RuntimeError("exporter already started")
+        self._server, self._thread = start_http_server(self.requested_port, addr=self.host, registry=self.registry)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving; returns within about `timeout_s`."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._server, self._thread = None, None
+
+    def update(self, metrics: Mapping[str, float]) -> None:
+        """Publish one step's metrics."""
+        from prometheus_client import Gauge
+
+        with self._lock:
+            for name, value in metrics.items():
+                v = float(_number(name, value))
+                if name.startswith(DROPPED_PREFIX):
+                    reason = name[len(DROPPED_PREFIX):]
+                    if not (math.isfinite(v) and v >= 0):
+                        raise ValueError(f"{name} is a per-step count, finite and >= 0; got {v}")
+                    self._dropped.labels(reason=reason).inc(v)
+                    continue
+                gauge = self._gauges.get(name)
+                if gauge is None:
+                    if not _NAME_RE.match(name):
+                        raise ValueError(f"metric name {name!r} is not a valid identifier")
+                    help_text = METRICS.get(name, f"{name} (undocumented metric).")
+                    gauge = Gauge(self.PREFIX + name, help_text, registry=self.registry)
+                    self._gauges[name] = gauge
+                gauge.set(v)
+
+    def __enter__(self) -> PrometheusExporter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _parse_addr(addr: str) -> tuple[str, int]:
+    """'host:port' (IPv6 as '[::1]:9400') -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not host:port")
+    host = host.strip("[]") or "0.0.0.0"
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port {p} out of range in {addr!r}")
+    return host, p

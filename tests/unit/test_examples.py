@@ -1,0 +1,124 @@
+"""Docs cannot drift: every example and deploy config validates, compose and Dockerfile refer to
+files that exist, and the researcher's metric table lists every canonical metric name."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from swarm_node import metrics as m
+from swarm_node.config import NodeConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+NODE_CONFIGS = sorted((ROOT / "examples" / "paper_gpu_replication").glob("*.toml")) + [ROOT / "deploy" / "node.toml"]
+SECTIONS = set(NodeConfig.model_fields)
+
+
+@pytest.mark.parametrize("path", NODE_CONFIGS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_node_config_validates(path):
+    cfg = NodeConfig.load(path)
+    assert cfg.objective.variant == "f-tis"
+    NodeConfig.model_validate(tomllib.loads(cfg.dump_toml()))  # the resolved dump reloads
+
+
+def test_paper_replication_nodes():
+    d = ROOT / "examples" / "paper_gpu_replication"
+    cfgs = {p.stem: NodeConfig.load(p) for p in d.glob("qwen*.toml")}
+    assert {c.model.name for c in cfgs.values()} == {
+        "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-Coder-1.5B", "Qwen/Qwen2.5-Coder-3B"}
+    for name, c in cfgs.items():
+        assert c.node_dir == Path(f"./nodes/{name}")
+        assert (c.task.name, c.generation.group_size, c.train.learning_rate) == ("gsm8k", 12, 1e-6)
+        assert (c.objective.truncation_c, c.objective.clip_eps, c.objective.kl_threshold) == (2.0, 0.2, 50.0)
+    assert len({c.train.seed for c in cfgs.values()}) == 4
+    # the README's eval and baseline overrides are valid against the same files
+    any_cfg = d / "qwen2.5-3b.toml"
+    ev = NodeConfig.load(any_cfg, ["task.name=math500", "task.source=HuggingFaceH4/MATH-500", "task.split=test"])
+    assert (ev.task.name, ev.task.source) == ("math500", "HuggingFaceH4/MATH-500")
+    NodeConfig.load(any_cfg, ["swarm.enabled=false", "objective.variant=grpo"])
+    NodeConfig.load(any_cfg, ["metrics.prometheus_addr=0.0.0.0:9401", "model.lora.enabled=true"])
+
+
+def local_node_configs(path: Path) -> dict[str, NodeConfig]:
+    """Resolve the local swarm file with the loader `swarm-node local` uses."""
+    from swarm_node.local import _node_config, plan_nodes
+
+    shared, per_node = plan_nodes(2, path)
+    for node in per_node:
+        assert set(node) <= {"name", "set"}, f"[[node]] {node}: unknown keys"
+    peers = ["/ip4/127.0.0.1/tcp/1/p2p/QmZGKCaWuyavctPW61FfXeT86Y4s5jMJ6j13J1BVRP6Rop"]
+    return {node["name"]: _node_config(shared, node, i, Path("runs/test"), 6, peers, [])
+            for i, node in enumerate(per_node)}
+
+
+def test_local_cpu_swarm_file():
+    cfgs = local_node_configs(ROOT / "examples" / "local_cpu_swarm.toml")
+    assert list(cfgs) == ["full", "lora"]
+    assert not cfgs["full"].model.lora.enabled and cfgs["lora"].model.lora.enabled
+    assert all(c.model.name == "smollm2-135m" and c.task.name == "arithmetic" for c in cfgs.values())
+    assert cfgs["lora"].train.learning_rate > cfgs["full"].train.learning_rate
+    # the file writes out the command's defaults: resolving it changes nothing
+    from swarm_node.local import DEFAULT_NODES, _node_config, plan_nodes
+
+    shared, per_node = plan_nodes(2, None)
+    assert per_node == DEFAULT_NODES
+    peers = ["/ip4/127.0.0.1/tcp/1/p2p/QmZGKCaWuyavctPW61FfXeT86Y4s5jMJ6j13J1BVRP6Rop"]
+    defaults = {n["name"]: _node_config(shared, n, i, Path("runs/test"), 6, peers, []) for i, n in enumerate(per_node)}
+    assert {k: v.model_dump() for k, v in cfgs.items()} == {k: v.model_dump() for k, v in defaults.items()}
+
+
+def test_compose_services_and_files():
+    text = (ROOT / "deploy" / "compose.yaml").read_text()
+    doc = yaml.safe_load(text)
+    assert set(doc["services"]) == {"bootstrap-identity", "bootstrap", "node-a", "node-b", "dashboard"}
+    peer = "/ip4/172.28.0.10/tcp/31337/p2p/${BOOTSTRAP_PEER_ID:-SET-BOOTSTRAP_PEER_ID-IN-deploy.env}"
+    for name in ("node-a", "node-b", "dashboard"):
+        cmd = doc["services"][name]["command"]
+        assert cmd[cmd.index("--initial-peer") + 1] == peer, name
+    assert doc["services"]["bootstrap"]["networks"]["swarm"]["ipv4_address"] == "172.28.0.10"
+    for svc in doc["services"].values():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert (ROOT / "deploy" / src).exists(), src
+    assert doc["services"]["node-b"]["command"].count("--set=model.lora.enabled=true") == 1
+
+
+def test_dockerfile_copy_sources_exist_and_ignore_keeps_them():
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    ignored = [x.strip() for x in (ROOT / ".dockerignore").read_text().splitlines() if x.strip() and not x.startswith("#")]
+    sources = []
+    for line in lines:
+        if line.startswith("COPY "):
+            parts = [p for p in line.split()[1:] if not p.startswith("--")]
+            sources += parts[:-1]
+    assert {"pyproject.toml", "README.md", "protocol", "swarm_node", "deploy/bootstrap_identity.py"} <= set(sources)
+    for src in sources:
+        assert (ROOT / src).exists(), f"Dockerfile COPY source {src} is missing"
+        assert not any(src == pat or src.startswith(pat.rstrip("/") + "/") for pat in ignored), src
+    assert any(line.startswith("ENTRYPOINT") and "swarm-node" in line for line in lines)
+    assert re.search(r"^ARG VARIANT=cpu$", "\n".join(lines), re.M)
+
+
+def test_researcher_doc_lists_every_metric():
+    doc = (ROOT / "examples" / "researcher_watch.md").read_text()
+    for name in m.METRICS:
+        assert f"`{name}`" in doc, name
+    assert "`dropped_<reason>`" in doc and "swarm_node_dropped_total" in doc
+
+
+def test_bootstrap_identity_is_stable(tmp_path):
+    pytest.importorskip("hivemind")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bootstrap_identity", ROOT / "deploy" / "bootstrap_identity.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "keys" / "bootstrap.id"
+    first = mod.ensure_identity(path)
+    assert first == mod.ensure_identity(path) and len(first) > 40
+    assert path.stat().st_mode & 0o077 == 0
