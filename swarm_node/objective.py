@@ -1,0 +1,333 @@
+"""The F-TIS loss family (DESIGN.md section 1): group advantages, sample filters, the per-token loss.
+
+Pure functions over tensors: no I/O, no model, no networking. The objective maximised is
+
+    J = sum_i w_i sum_t  iw_i,t * min(R_i,t * A'_i, clip(R_i,t, 1-eps, 1+eps) * A'_i)
+
+and the loss returned is -J, where
+    w_i     sample weight from `sample_weights` (1/(n_groups * G * |a_i|) for the paper's
+            per-sequence-then-per-group normalisation, or 1/(valid tokens of the step batch));
+    A'_i    the sample's advantage, or 0 when a filter drops it (f-* variants);
+    iw, R   depend on the variant:
+              grpo, nois, f-nois  iw = 1,                    R = pi_theta / pi_theta_old
+              vis, f-vis          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
+              tis, f-tis          iw = min(rho, C) detached, R = pi_theta / pi_theta_old
+            with rho = pi_theta / pi_gen from the current trainer logprobs.
+So the gradient of an unfiltered token in the first epoch (R = 1) is -w_i A_i min(rho, C) grad log pi.
+
+Every computation that may see padding first replaces padded values by 0 (`torch.where`), so
+garbage (NaN, inf) in padded positions never reaches the loss or the gradient. `objective_loss`
+does not synchronise with the device: its statistics stay tensors until `ObjectiveStats.to_dict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from swarm_node.config import ObjectiveConfig
+
+KLReduction = Literal["sum", "mean"]
+Normalization = Literal["sequence", "token"]
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def group_advantages(
+    rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = True, eps: float = 1e-4
+) -> Tensor:
+    """Group-relative advantages A_i = (r_i - mean_g(r)) / (std_g(r) + eps), or r_i - mean_g(r).
+
+    rewards: [N] float; group_ids: [N] integer (any values; samples sharing an id form one group,
+    so a horizontal group is simply one id shared by several generators). std is the sample
+    standard deviation (ddof=1, like torch.std). Groups of size 1 and groups whose rewards are
+    all equal get exactly 0 (never NaN). Returns [N] in the rewards' float dtype (float32 for
+    integer rewards); computed in float64.
+    """
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(f"rewards {tuple(rewards.shape)} and group_ids {tuple(group_ids.shape)} must be equal 1-D")
+    out_dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    r = rewards.to(torch.float64)  # [N]
+    if r.numel() == 0:
+        return r.to(out_dtype)
+    _, inv = torch.unique(group_ids, return_inverse=True)  # inv: [N] in 0..n_groups-1
+    n_groups = int(inv.max()) + 1
+    zeros = r.new_zeros(n_groups)
+    count = zeros.index_add(0, inv, torch.ones_like(r))  # [n_groups]
+    mean = zeros.index_add(0, inv, r) / count
+    centered = r - mean[inv]  # [N]
+    if scale_by_std:
+        var = zeros.index_add(0, inv, centered * centered) / (count - 1).clamp(min=1)
+        adv = centered / (var.sqrt()[inv] + eps)
+    else:
+        adv = centered
+    rmax = zeros.scatter_reduce(0, inv, r, reduce="amax", include_self=False)
+    rmin = zeros.scatter_reduce(0, inv, r, reduce="amin", include_self=False)
+    degenerate = (count < 2) | (rmax == rmin)  # [n_groups]
+    return torch.where(degenerate[inv], torch.zeros_like(adv), adv).to(out_dtype)
+
+
+def per_sample_kl(
+    trainer_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, reduction: KLReduction = "sum"
+) -> Tensor:
+    """Per-sample KL(pi_theta || pi_gen) by the k3 estimator on the sampled tokens.
+
+    delta_t = logp_gen - logp_theta, k3_t = exp(delta_t) - delta_t - 1 >= 0, reduced over the valid
+    tokens only (`sum`, or `mean` with 0 for a sample without valid tokens). Inputs [B,T], mask
+    [B,T] bool; returns [B] in the inputs' dtype (at least float32). A huge delta gives inf (a
+    sample certainly above g), never NaN. No gradient flows (inputs are detached).
+    """
+    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
+    delta = torch.where(mask, generator_logprobs.detach().to(dtype) - trainer_logprobs.detach().to(dtype), 0.0)
+    k3 = torch.expm1(delta) - delta  # [B,T], exactly 0 on padding
+    total = k3.sum(dim=1)  # [B]
+    if reduction == "sum":
+        return total
+    if reduction == "mean":
+        return total / mask.sum(dim=1).clamp(min=1).to(dtype)
+    raise ValueError(f"unknown KL reduction {reduction!r}")
+
+
+def sample_weights(group_ids: Tensor, lengths: Tensor, normalization: Normalization = "sequence") -> Tensor:
+    """Per-sample loss weights over the *whole* step batch, so micro-batch losses add up.
+
+    `sequence` (the paper): w_i = 1 / (n_groups * G_g(i) * |a_i|), i.e. 1/G sum_i 1/|a_i| sum_t per
+    group, then the mean over groups. `token`: w_i = 1 / (valid tokens in the batch), the token
+    mean. group_ids [B] integer, lengths [B] valid-token counts; returns [B] float64. Samples of
+    length 0 get weight 0 (they have no tokens) but still count in their group's size G.
+    Filtered samples keep their weight: the objective zeroes their advantage instead.
+    """
+    if group_ids.shape != lengths.shape or group_ids.dim() != 1:
+        raise ValueError(f"group_ids {tuple(group_ids.shape)} and lengths {tuple(lengths.shape)} must be equal 1-D")
+    lens = lengths.to(torch.float64)  # [B]
+    has_tokens = lens > 0
+    if normalization == "token":
+        total = lens.sum().clamp(min=1)
+        return torch.where(has_tokens, 1.0 / total, 0.0)
+    if normalization != "sequence":
+        raise ValueError(f"unknown normalization {normalization!r}")
+    if lens.numel() == 0:
+        return lens
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inv.max()) + 1
+    group_size = lens.new_zeros(n_groups).index_add(0, inv, torch.ones_like(lens))[inv]  # [B]
+    return torch.where(has_tokens, 1.0 / (n_groups * group_size * lens.clamp(min=1)), 0.0)
+
+
+@dataclass
+class ObjectiveInputs:
+    """One (micro-)batch for `objective_loss`. B samples, T padded positions.
+
+    trainer_logprobs:    [B,T] log pi_theta(a_t | ...), tempered, requires grad
+    step_start_logprobs: [B,T] log pi_theta at the start of this step's optimisation (detached):
+                         the PPO denominator pi_theta_old, and what the KL filter reads
+    generator_logprobs:  [B,T] log pi_gen(a_t | ...) reported by the generator
+    mask:                [B,T] bool, valid completion tokens (never padding)
+    advantages:          [B]   from group_advantages over the full groups (before filtering)
+    is_peer:             [B]   bool, generated by another node
+    sample_weights:      [B]   from sample_weights over the whole step batch
+    """
+
+    trainer_logprobs: Tensor
+    step_start_logprobs: Tensor
+    generator_logprobs: Tensor
+    mask: Tensor
+    advantages: Tensor
+    is_peer: Tensor
+    sample_weights: Tensor
+
+    def __post_init__(self) -> None:
+        bt = tuple(self.trainer_logprobs.shape)
+        if len(bt) != 2:
+            raise ValueError(f"trainer_logprobs must be [B,T], got {bt}")
+        for name in ("step_start_logprobs", "generator_logprobs", "mask"):
+            if tuple(getattr(self, name).shape) != bt:
+                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {bt}")
+        for name in ("advantages", "is_peer", "sample_weights"):
+            if tuple(getattr(self, name).shape) != bt[:1]:
+                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {bt[:1]}")
+        if self.mask.dtype != torch.bool or self.is_peer.dtype != torch.bool:
+            raise ValueError("mask and is_peer must be bool tensors")
+
+
+@dataclass
+class ObjectiveStats:
+    """Sums and counts of one or more objective calls; `merge` makes micro-batches add up exactly.
+
+    All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
+    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens;
+    the importance weight is rho = pi_theta / pi_gen whatever the variant (a diagnostic of how
+    off-policy the batch is); `ess` is over the truncated weights min(rho, C).
+    """
+
+    n_samples: Tensor
+    n_peer_samples: Tensor
+    n_filtered: Tensor
+    n_filtered_nonpositive_advantage: Tensor
+    n_filtered_kl: Tensor
+    n_tokens: Tensor
+    n_active_tokens: Tensor
+    rho_sum: Tensor
+    rho_max: Tensor
+    n_truncated: Tensor
+    n_clipped: Tensor
+    w_sum: Tensor
+    w_sq_sum: Tensor
+    kl_values: Tensor  # [n_samples] float64
+    kl_is_peer: Tensor  # [n_samples] bool
+
+    @classmethod
+    def empty(cls) -> ObjectiveStats:
+        """The neutral element of `merge`."""
+        z = torch.zeros((), dtype=torch.float64)
+        return cls(**{f.name: z for f in fields(cls) if f.name not in ("kl_values", "kl_is_peer", "rho_max")},
+                   rho_max=torch.tensor(float("-inf"), dtype=torch.float64),
+                   kl_values=torch.zeros(0, dtype=torch.float64), kl_is_peer=torch.zeros(0, dtype=torch.bool))
+
+    def merge(self, other: ObjectiveStats) -> ObjectiveStats:
+        """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
+        `a = a.merge(b)` work."""
+        dev = other.n_samples.device  # follow the newest batch: an empty() on the CPU moves once
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name).to(dev), getattr(other, f.name)
+            if f.name == "rho_max":
+                merged = torch.maximum(mine, theirs)
+            elif f.name in ("kl_values", "kl_is_peer"):
+                merged = torch.cat([mine, theirs])
+            else:
+                merged = mine + theirs
+            setattr(self, f.name, merged)
+        return self
+
+    def to_dict(self) -> dict[str, float]:
+        """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""
+        def frac(num: Tensor, den: Tensor) -> float:
+            return float(num / den) if float(den) > 0 else 0.0
+
+        n, tok = self.n_samples, self.n_tokens
+        out = {
+            "samples": float(n),
+            "peer_samples": float(self.n_peer_samples),
+            "filtered": float(self.n_filtered),
+            "filtered_frac": frac(self.n_filtered, n),
+            "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
+            "filtered_nonpositive_advantage_frac": frac(self.n_filtered_nonpositive_advantage, n),
+            "filtered_kl": float(self.n_filtered_kl),
+            "filtered_kl_frac": frac(self.n_filtered_kl, n),
+            "tokens": float(tok),
+            "active_tokens": float(self.n_active_tokens),
+            "is_weight_mean": frac(self.rho_sum, tok),
+            "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
+            "truncated_frac": frac(self.n_truncated, tok),
+            "clipped_frac": frac(self.n_clipped, tok),
+            "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
+        }
+        values = self.kl_values.detach().cpu()
+        peer = self.kl_is_peer.cpu()
+        out.update(_distribution("kl", values))
+        out.update(_distribution("kl_peer", values[peer]))
+        return out
+
+
+def _distribution(prefix: str, values: Tensor) -> dict[str, float]:
+    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor; zeros when empty."""
+    names = [f"{prefix}_mean"] + [f"{prefix}_p{round(q * 100)}" for q in QUANTILES] + [f"{prefix}_max"]
+    if values.numel() == 0:
+        return dict.fromkeys(names, 0.0)
+    qs = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype)).tolist()
+    return dict(zip(names, [float(values.mean()), *qs, float(values.max())], strict=True))
+
+
+def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
+    """min(ratio * A, clip(ratio, 1-eps, 1+eps) * A) elementwise. log_ratio [B,T], adv [B,1]."""
+    ratio = torch.exp(log_ratio)
+    return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps, 1.0 + eps) * adv)
+
+
+def _filters(inputs: ObjectiveInputs, kl: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor]:
+    """Per-sample [B] bool masks (nonpositive advantage, KL above g) for the f-* variants."""
+    if not cfg.variant.startswith("f-"):
+        none = torch.zeros_like(inputs.is_peer)
+        return none, none
+    in_scope = inputs.is_peer if cfg.filter_scope == "peers" else torch.ones_like(inputs.is_peer)
+    return in_scope & (inputs.advantages <= 0), in_scope & (kl > cfg.kl_threshold)
+
+
+def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tensor, ObjectiveStats]:
+    """The loss (-J, a scalar connected to `trainer_logprobs`) and its statistics for one batch.
+
+    Losses of micro-batches sum to the loss of their union when `sample_weights` were computed
+    over the union. A batch whose samples are all filtered gives a loss of exactly 0 whose
+    gradient is 0 (not NaN).
+    """
+    mask = inputs.mask  # [B,T]
+    dtype = torch.promote_types(inputs.trainer_logprobs.dtype, torch.float32)
+    theta = inputs.trainer_logprobs.to(dtype)  # [B,T], carries the gradient
+    old = inputs.step_start_logprobs.detach().to(dtype)
+    gen = inputs.generator_logprobs.detach().to(dtype)
+
+    kl = per_sample_kl(old, gen, mask, cfg.kl_reduction)  # [B], from step start: fixed across epochs
+    bad_adv, bad_kl = _filters(inputs, kl, cfg)
+    filtered = bad_adv | bad_kl  # [B]
+    adv = torch.where(filtered, 0.0, inputs.advantages.detach().to(dtype))  # A'  [B]
+    active = mask & ~filtered[:, None]  # [B,T] tokens that can carry gradient
+
+    # Log-ratios with inactive positions set to 0 *before* exp, so padding garbage never leaks.
+    theta_minus_gen = theta - gen  # log pi_theta/pi_gen  [B,T]
+    rho = torch.exp(torch.where(mask, theta_minus_gen.detach(), 0.0))  # [B,T] detached, 1 on padding
+    truncated_rho = rho.clamp(max=cfg.truncation_c)  # min(rho, C), finite even where rho is inf
+    base = cfg.variant.removeprefix("f-")
+    if base == "vis":
+        clip_log_ratio = torch.where(active, theta_minus_gen, 0.0)
+    else:
+        clip_log_ratio = torch.where(active, theta - old, 0.0)  # log pi_theta/pi_theta_old [B,T]
+    term = _ppo_surrogate(clip_log_ratio, adv[:, None], cfg.clip_eps)  # [B,T]
+    if base == "tis":
+        term = term * truncated_rho
+    weights = inputs.sample_weights.detach().to(dtype)  # [B]
+    objective = (term * active.to(dtype) * weights[:, None]).sum()
+    stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kl, bad_adv, bad_kl, active)
+    return -objective, stats
+
+
+@torch.no_grad()
+def _stats(
+    inputs: ObjectiveInputs, cfg: ObjectiveConfig, rho: Tensor, truncated_rho: Tensor, clip_log_ratio: Tensor,
+    adv: Tensor, kl: Tensor, bad_adv: Tensor, bad_kl: Tensor, active: Tensor,
+) -> ObjectiveStats:
+    """Diagnostics of one call, as device tensors (no host synchronisation); sums in float64.
+
+    rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A'.
+    """
+    f64 = torch.float64
+    mask = inputs.mask
+    maskf = mask.to(rho.dtype)
+    eps = cfg.clip_eps
+    a = adv[:, None]
+    clipped = active & (((clip_log_ratio > _log1p(eps)) & (a > 0)) | ((clip_log_ratio < _log1p(-eps)) & (a < 0)))
+    w = truncated_rho * maskf  # [B,T], 0 on padding
+    neg_inf = torch.tensor(float("-inf"), dtype=f64, device=rho.device)
+    return ObjectiveStats(
+        n_samples=torch.tensor(float(mask.shape[0]), dtype=f64, device=mask.device),
+        n_peer_samples=inputs.is_peer.sum().to(f64),
+        n_filtered=(bad_adv | bad_kl).sum().to(f64),
+        n_filtered_nonpositive_advantage=bad_adv.sum().to(f64),
+        n_filtered_kl=bad_kl.sum().to(f64),
+        n_tokens=mask.sum().to(f64),
+        n_active_tokens=active.sum().to(f64),
+        rho_sum=(rho * maskf).sum(dtype=f64),
+        rho_max=(rho * maskf).amax().to(f64) if mask.numel() else neg_inf,  # padding gives 0 <= rho
+        n_truncated=((rho > cfg.truncation_c) & mask).sum().to(f64),
+        n_clipped=clipped.sum().to(f64),
+        w_sum=w.sum(dtype=f64),
+        w_sq_sum=(w * w).sum(dtype=f64),
+        kl_values=kl.to(f64),
+        kl_is_peer=inputs.is_peer.clone(),
+    )
+
+
+def _log1p(x: float) -> float:
+    """log(1 + x) as a python float (the clip bounds in log space)."""
+    return float(torch.log1p(torch.tensor(x, dtype=torch.float64)))
