@@ -130,7 +130,7 @@ def main() -> None:
         "ftis_over_onpolicy_derived": round(1 + (only["ftis"] - only["grpo"]) / model["grpo"], 4),
         "objective_only_ftis_share_of_model_step": round(only["ftis"] / model["ftis"], 4),
         "stats_to_dict_ms": round(to_dict_timer.seconds * 1e3, 3),
-        "ftis_filtered_frac": stats_dict["filtered_frac"],
+        "ftis_filtered_frac": stats_dict["filtered_fraction"],
         "peak_rss_mib": round(peak_rss_mib(), 1),
     })
 

@@ -167,6 +167,7 @@ class ObjectiveStats:
     n_filtered: Tensor
     n_filtered_nonpositive_advantage: Tensor
     n_filtered_kl: Tensor
+    n_peer_filtered: Tensor
     n_tokens: Tensor
     n_active_tokens: Tensor
     rho_sum: Tensor
@@ -210,18 +211,19 @@ class ObjectiveStats:
         out = {
             "samples": float(n),
             "peer_samples": float(self.n_peer_samples),
+            "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
             "filtered": float(self.n_filtered),
-            "filtered_frac": frac(self.n_filtered, n),
+            "filtered_fraction": frac(self.n_filtered, n),
             "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
-            "filtered_nonpositive_advantage_frac": frac(self.n_filtered_nonpositive_advantage, n),
+            "filtered_nonpositive_advantage_fraction": frac(self.n_filtered_nonpositive_advantage, n),
             "filtered_kl": float(self.n_filtered_kl),
-            "filtered_kl_frac": frac(self.n_filtered_kl, n),
+            "filtered_kl_fraction": frac(self.n_filtered_kl, n),
             "tokens": float(tok),
             "active_tokens": float(self.n_active_tokens),
             "is_weight_mean": frac(self.rho_sum, tok),
             "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
-            "truncated_frac": frac(self.n_truncated, tok),
-            "clipped_frac": frac(self.n_clipped, tok),
+            "truncated_fraction": frac(self.n_truncated, tok),
+            "clipped_fraction": frac(self.n_clipped, tok),
             "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
         }
         values = self.kl_values.detach().cpu()
@@ -315,6 +317,7 @@ def _stats(
         n_filtered=(bad_adv | bad_kl).sum().to(f64),
         n_filtered_nonpositive_advantage=bad_adv.sum().to(f64),
         n_filtered_kl=bad_kl.sum().to(f64),
+        n_peer_filtered=((bad_adv | bad_kl) & inputs.is_peer).sum().to(f64),
         n_tokens=mask.sum().to(f64),
         n_active_tokens=active.sum().to(f64),
         rho_sum=(rho * maskf).sum(dtype=f64),

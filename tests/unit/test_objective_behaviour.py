@@ -126,7 +126,7 @@ def test_all_filtered_gives_zero_loss_and_zero_gradient(variant):
     assert float(loss) == 0.0
     assert torch.equal(grad, torch.zeros_like(grad))
     d = stats.to_dict()
-    assert d["filtered_frac"] == 1.0 and d["active_tokens"] == 0.0
+    assert d["filtered_fraction"] == 1.0 and d["active_tokens"] == 0.0
     assert all(math.isfinite(v) for v in d.values())
 
 
@@ -196,4 +196,4 @@ def test_later_epoch_clips_ratio_to_old_policy():
     assert grad[0, 0] == 0.0
     assert float(grad[0, 1]) == pytest.approx(-0.5 * math.exp(0.1))
     assert float(loss) == pytest.approx(-0.5 * (1.2 + math.exp(0.1)))
-    assert stats.to_dict()["clipped_frac"] == 0.5
+    assert stats.to_dict()["clipped_fraction"] == 0.5

@@ -90,12 +90,12 @@ def test_stats_values_on_a_handmade_batch():
     w = [1.0, 2.0, math.exp(-1.0)]
     kl1 = math.exp(1.0) - 1.0 - 1.0  # delta = gen - theta = 1
     assert d["samples"] == 2 and d["peer_samples"] == 1 and d["tokens"] == 3 and d["active_tokens"] == 2
-    assert d["filtered"] == 1 and d["filtered_frac"] == 0.5
+    assert d["filtered"] == 1 and d["filtered_fraction"] == 0.5 and d["peer_samples_used"] == 0
     assert d["filtered_nonpositive_advantage"] == 1 and d["filtered_kl"] == 0
     assert d["is_weight_mean"] == pytest.approx(sum(rho) / 3)
     assert d["is_weight_max"] == pytest.approx(math.exp(2.0))
-    assert d["truncated_frac"] == pytest.approx(1 / 3)
-    assert d["clipped_frac"] == 0.0
+    assert d["truncated_fraction"] == pytest.approx(1 / 3)
+    assert d["clipped_fraction"] == 0.0
     assert d["ess"] == pytest.approx(sum(w) ** 2 / sum(x * x for x in w) / 3)
     kl0 = math.exp(-2.0) + 2.0 - 1.0
     assert d["kl_mean"] == pytest.approx((kl0 + kl1) / 2)

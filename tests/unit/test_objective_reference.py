@@ -61,7 +61,7 @@ def test_loss_and_gradient_match_naive_reference(variant, normalization, kl_redu
 
 def test_reference_batches_exercise_every_branch():
     """The random batches above really filter, truncate and clip (so the comparison is not vacuous)."""
-    totals = {"filtered_nonpositive_advantage": 0, "filtered_kl": 0, "truncated_frac": 0, "clipped_frac": 0}
+    totals = {"filtered_nonpositive_advantage": 0, "filtered_kl": 0, "truncated_fraction": 0, "clipped_fraction": 0}
     zero_adv = nonzero_adv = 0
     for seed in SEEDS:
         t = random_batch(seed)["tensors"]
