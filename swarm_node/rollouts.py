@@ -1,0 +1,160 @@
+"""Between generation, the wire and the trainer: own completions become training samples and wire
+groups; peers' decoded groups are checked against this node's own state (tokenizer, prompt set),
+re-scored locally and become training samples. Every rejection is counted by reason.
+
+The protocol layer has already checked structure and limits (`protocol.validate`, in the
+exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
+against the node's own copy of the prompt set, and the reward, which is always recomputed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from protocol import keys
+from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from swarm_node.policy.types import GeneratedCompletion, TrainSample
+from swarm_node.tasks.base import Problem
+
+DROP_TOKENIZER = "tokenizer_mismatch"
+DROP_UNKNOWN_PROMPT = "unknown_prompt"
+DROP_WRONG_SWARM = "wrong_swarm"
+DROP_OVER_CAP = "over_peer_cap"
+DROP_OWN_ECHO = "own_group"
+
+
+def window_of(dht_time: float, window_seconds: float) -> int:
+    return keys.window_of(dht_time, window_seconds)
+
+
+@dataclass
+class OwnBatch:
+    samples: list[TrainSample] = field(default_factory=list)
+    rewards: list[list[float]] = field(default_factory=list)  # [prompt][completion]
+
+    @property
+    def reward_mean(self) -> float:
+        flat = [r for group in self.rewards for r in group]
+        return float(np.mean(flat)) if flat else 0.0
+
+    @property
+    def accuracy(self) -> float:
+        """Fraction of completions with full correctness credit (reward >= 1)."""
+        flat = [r for group in self.rewards for r in group]
+        return float(np.mean([r >= 1.0 for r in flat])) if flat else 0.0
+
+
+@dataclass
+class PeerBatch:
+    samples: list[TrainSample] = field(default_factory=list)
+    groups: int = 0
+
+
+def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
+    if parts.config.swarm.collaboration == "horizontal":
+        return f"h:{index}"  # the union of every generator's completions of this prompt
+    return f"{sender}:{policy_version}:{index}"
+
+
+def _decode(parts: Any, token_ids: np.ndarray) -> str:
+    return parts.policy.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True)
+
+
+def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
+                completions: Sequence[Sequence[GeneratedCompletion]], step: int, window: int) -> OwnBatch:
+    """Score own completions and turn them into samples (generator logprobs come from the sampler)."""
+    batch = OwnBatch()
+    for problem, prompt, group in zip(problems, prompt_ids, completions, strict=True):
+        key = _group_key(parts, "self", step, problem.index)
+        rewards = []
+        for c in group:
+            reward = float(parts.reward_fn(_decode(parts, c.token_ids), problem))
+            rewards.append(reward)
+            batch.samples.append(TrainSample(
+                group_key=key, prompt_ids=np.asarray(prompt, dtype=np.int64),
+                completion_ids=np.asarray(c.token_ids, dtype=np.int64),
+                generator_logprobs=np.asarray(c.logprobs, dtype=np.float32),
+                reward=reward, is_peer=False, source="self"))
+        batch.rewards.append(rewards)
+    return batch
+
+
+def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
+                   own: OwnBatch, step: int) -> list[RolloutGroup]:
+    """The wire form of this step's own groups (claimed rewards are informational for peers)."""
+    cfg, policy = parts.config, parts.policy
+    sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
+                              max_new_tokens=cfg.generation.max_new_tokens)
+    now = parts.dht_time()
+    groups = []
+    for problem, group, rewards in zip(problems, completions, own.rewards, strict=True):
+        groups.append(RolloutGroup(
+            swarm_id=cfg.swarm.swarm_id, sender=parts.peer_id, model_id=policy.model_id,
+            model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint,
+            policy_version=step, created_at=now,
+            prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
+            sampling=sampling,
+            completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs,
+                                         finish_reason=c.finish_reason, claimed_reward=r)
+                              for c, r in zip(group, rewards, strict=True)),
+        ))
+    return groups
+
+
+def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: int) -> int:
+    """How many peer groups may join `own_groups` so that peers are at most `max_peer_fraction` of groups."""
+    if max_peer_fraction >= 1.0:
+        return max_peer_groups
+    by_share = int(np.floor(own_groups * max_peer_fraction / (1.0 - max_peer_fraction) + 1e-9))
+    return min(max_peer_groups, by_share)
+
+
+def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
+    ps = parts.prompt_set
+    if ref.prompt_set_id != ps.id or not 0 <= ref.index < len(ps):
+        return None
+    problem = ps.problems[ref.index]
+    return problem if problem.sha256 == ref.sha256 else None
+
+
+def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
+                 step: int) -> PeerBatch:
+    """Check peers' groups against this node's state, recompute rewards, keep at most `max_groups`."""
+    from swarm_node.tasks import render_prompt
+
+    cfg, policy = parts.config, parts.policy
+    batch = PeerBatch()
+    for group in groups:
+        if group.sender == parts.peer_id:
+            drops[DROP_OWN_ECHO] += 1
+            continue
+        if group.swarm_id != cfg.swarm.swarm_id:
+            drops[DROP_WRONG_SWARM] += 1
+            continue
+        if group.tokenizer_fingerprint != policy.fingerprint:
+            drops[DROP_TOKENIZER] += 1  # per-token weights would compare different token streams
+            continue
+        problem = _known_problem(parts, group.prompt)
+        if problem is None:
+            drops[DROP_UNKNOWN_PROMPT] += 1
+            continue
+        if batch.groups >= max_groups:
+            drops[DROP_OVER_CAP] += 1
+            continue
+        # The prompt is rendered with this node's own template: the node trains its own policy.
+        prompt = np.asarray(render_prompt(policy.tokenizer, problem.question, cfg.task.system_prompt), dtype=np.int64)
+        key = _group_key(parts, group.sender, group.policy_version, problem.index)
+        for c in group.completions:
+            ids = np.array(c.token_ids, dtype=np.int64)
+            batch.samples.append(TrainSample(
+                group_key=key, prompt_ids=prompt, completion_ids=ids,
+                generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
+                reward=float(parts.reward_fn(_decode(parts, ids), problem)),
+                is_peer=True, source=group.sender))
+        batch.groups += 1
+    return batch

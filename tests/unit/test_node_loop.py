@@ -1,0 +1,145 @@
+"""The whole node loop with real tiny models, the real trainer, and the in-memory transport."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from protocol import codec, keys
+from protocol.messages import IndexEntry, RolloutIndex
+from swarm_node.assemble import build_parts
+from swarm_node.config import NodeConfig
+from swarm_node.node import Node
+from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
+
+SWARM = "unit-swarm"
+
+
+def parity_reward(text: str, problem) -> float:
+    """Deterministic, mixed rewards for random tiny models: even-length completions score 1."""
+    return float(len(text) % 2 == 0)
+
+
+def make_node(tmp_path: Path, swarm: MemorySwarm | None, name: str, *, model: str = "tiny-random:64x1:a",
+              extra: list[str] = (), peer_fraction: float = 0.5) -> Node:
+    cfg = NodeConfig.load(None, [
+        f'node_dir="{tmp_path / name}"', f'model.name="{model}"', f'model.cache_dir="{tmp_path / "cache"}"',
+        "model.device=\"cpu\"", "generation.group_size=4", "generation.max_new_tokens=12",
+        "train.prompts_per_step=2", "train.learning_rate=1e-2", "train.total_steps=3", "train.micro_batch_size=8",
+        f'swarm.swarm_id="{SWARM}"', f"swarm.enabled={'true' if swarm else 'false'}",
+        f"swarm.max_peer_fraction={peer_fraction if swarm else 0.0}", "swarm.max_peer_groups_per_step=4",
+        "swarm.fetch_timeout_s=2.0", "checkpoint.every_steps=1", "task.levels=[1]", "task.size=50",
+        *extra])
+    transport = MemoryTransport(swarm, peer_id=name) if swarm is not None else None
+    parts, start = build_parts(cfg, transport=transport)
+    parts.reward_fn = parity_reward
+    return Node(parts, start_step=start)
+
+
+def params_of(node: Node) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in node.parts.policy.trainable_parameters()}
+
+
+def test_two_nodes_train_on_each_others_groups(tmp_path):
+    swarm = MemorySwarm()
+    a, b = make_node(tmp_path, swarm, "A"), make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a")
+    before = params_of(b)
+    a.run_step()  # A publishes first
+    metrics_b = b.run_step()
+    metrics_a = a.run_step()
+    assert metrics_b["peer_groups"] >= 1 and metrics_b["peer_samples"] == 4 * metrics_b["peer_groups"]
+    assert metrics_a["peer_groups"] >= 1
+    assert metrics_b["samples"] == metrics_b["own_samples"] + metrics_b["peer_samples"]
+    after = params_of(b)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "parameters did not move"
+    assert all(np.isfinite(v) for v in metrics_b.values())
+
+
+def test_peer_groups_capped_by_share(tmp_path):
+    swarm = MemorySwarm()
+    a = make_node(tmp_path, swarm, "A", extra=["train.prompts_per_step=4"])
+    b = make_node(tmp_path, swarm, "B", peer_fraction=0.2)
+    a.run_step()
+    m = b.run_step()
+    # 2 own groups at a 20% peer share allow 0 peer groups: everything fetched is over the cap.
+    assert m["peer_groups"] == 0 and m["dropped_over_peer_cap"] >= 1
+
+
+def test_tokenizer_mismatch_is_dropped_with_reason(tmp_path):
+    swarm = MemorySwarm()
+    other = make_node(tmp_path, swarm, "B", model="tiny-random:64x1:b")
+    a = make_node(tmp_path, swarm, "A")
+    other.run_step()
+    m = a.run_step()
+    assert m["peer_groups"] == 0
+    assert m["dropped_tokenizer_mismatch"] >= 1
+
+
+def test_garbage_and_forged_records_are_counted_and_training_continues(tmp_path):
+    swarm = MemorySwarm()
+    a = make_node(tmp_path, swarm, "A")
+    window = keys.window_of(swarm.clock(), a.cfg.swarm.window_seconds)
+    index_key = keys.rollout_index_key(SWARM, window)
+    exp = swarm.clock() + 60
+    swarm.write_raw_owned(index_key, "evil", b"\x00not a message", exp)
+    # An index pointing at a chunk that holds random bytes under the right digest.
+    junk = b"SN" + bytes(range(200))
+    digest = codec.content_digest(junk)
+    swarm.write_raw_blob(digest, junk, exp)
+    entry = IndexEntry(chunk_digests=(digest,), size=len(junk), prompt_index=0, policy_version=0,
+                       created_at=swarm.clock())
+    swarm.write_raw_owned(index_key, "evil2", codec.encode(RolloutIndex(sender="evil2", window=window,
+                                                                       entries=(entry,))), exp)
+    m = a.run_step()
+    dropped = {k: v for k, v in m.items() if k.startswith("dropped_")}
+    assert sum(dropped.values()) >= 2, dropped
+    assert m["peer_samples"] == 0 and m["own_samples"] == 8 and np.isfinite(m["loss"])
+
+
+def test_isolated_node_and_resume_from_checkpoint(tmp_path):
+    node = make_node(tmp_path, None, "solo")
+    node.run(max_steps=2)
+    assert node.step == 2
+    ckpts = sorted((tmp_path / "solo" / "checkpoints").glob("step-*"))
+    assert ckpts, "no checkpoint written"
+    weights = params_of(node)
+    resumed = make_node(tmp_path, None, "solo")
+    assert resumed.step == 2
+    for k, v in params_of(resumed).items():
+        assert torch.equal(v, weights[k])
+    resumed.run(max_steps=1)
+    assert resumed.step == 3
+
+
+def test_stop_before_run_takes_no_step(tmp_path):
+    node = make_node(tmp_path, None, "stopper")
+    node.stop()
+    node.run()
+    assert node.step == 0 and node.history == []
+
+
+def test_horizontal_mode_shares_prompts_and_groups(tmp_path):
+    swarm = MemorySwarm()
+    extra = ['swarm.collaboration="horizontal"']
+    a, b = make_node(tmp_path, swarm, "A", extra=extra), make_node(tmp_path, swarm, "B", extra=extra)
+    window = keys.window_of(swarm.clock(), a.cfg.swarm.window_seconds)
+    assert [p.index for p in a._choose_problems(window)] == [p.index for p in b._choose_problems(window)]
+    seen: list = []
+    original = b.parts.trainer.step
+    b.parts.trainer.step = lambda samples: (seen.extend(samples), original(samples))[1]
+    a.run_step()
+    m = b.run_step()
+    assert m["peer_groups"] >= 1
+    own_keys = {s.group_key for s in seen if not s.is_peer}
+    peer_keys = {s.group_key for s in seen if s.is_peer}
+    assert peer_keys and peer_keys <= own_keys  # one advantage group per prompt, over both nodes
+
+
+@pytest.mark.parametrize("fraction,own,cap,expected", [(0.5, 4, 8, 4), (0.2, 4, 8, 1), (1.0, 4, 3, 3), (0.0, 4, 8, 0)])
+def test_peer_group_cap(fraction, own, cap, expected):
+    from swarm_node.rollouts import peer_group_cap
+
+    assert peer_group_cap(own, fraction, cap) == expected
