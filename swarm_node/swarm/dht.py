@@ -1,0 +1,397 @@
+"""HivemindTransport: the Transport over a hivemind DHT that runs in its own process.
+
+* `PipeFixedDHT` works around a hivemind 1.1.12 bug: the DHT process registers its command pipe
+  with uvloop, which makes the descriptor non-blocking, so `recv()` of a message larger than the
+  pipe buffer (any large value passed to `store`) fails with `BlockingIOError` and then `EOFError`.
+  Its `run()` wraps the pipe so every `recv()` first sets the descriptor back to blocking. It also
+  shuts the DHT down when the parent process dies (kill -9), so a restarted node can reuse its
+  identity without an orphan daemon answering for it.
+* Validators (validators.py): hivemind's `RSASignatureValidator` (owned subkeys
+  `[owner:<public key>]`, signed with the node's identity key), a pydantic.v1 `SchemaValidator`
+  on the index and status keys, and `SwarmRecordValidator` (owned subkeys only, blobs under the
+  hash of their own bytes).
+* Batched calls: each transport call runs one coroutine inside the DHT process (`get_many` /
+  `store_many`, one traversal per batch) rather than one pipe round trip per key.
+* Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
+  cancels the future after it; nothing spins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from functools import partial
+from typing import Any
+
+import hivemind
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.validation import RecordValidatorBase
+from hivemind.p2p import P2PDaemonError
+from hivemind.utils import get_dht_time
+from hivemind.utils.multiaddr import Multiaddr
+from hivemind.utils.multiaddr import exceptions as maddr_errors
+
+from protocol import keys
+from swarm_node.config import SwarmConfig
+from swarm_node.swarm.identity import NodeIdentity
+from swarm_node.swarm.transport import (
+    BAD_DIGEST,
+    FETCH_TIMEOUT,
+    MISSING,
+    BlobFetch,
+    DropCounter,
+    OwnedValue,
+    Transport,
+    check_blob,
+    check_blob_put,
+    check_owned_value,
+    is_digest,
+)
+from swarm_node.swarm.validators import (
+    OwnedKeySchedule,
+    ScheduledKeySchemaValidator,
+    SwarmRecordValidator,
+    owner_of_subkey,
+)
+
+
+__all__ = ["HivemindTransport", "PipeFixedDHT", "SwarmConnectError", "check_initial_peers"]
+
+
+class SwarmConnectError(RuntimeError):
+    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
+
+
+# --------------------------------------------------------------------------------------------
+# The DHT process
+# --------------------------------------------------------------------------------------------
+class _BlockingRecvPipe:
+    """A multiprocessing Connection whose recv() first puts the descriptor back in blocking mode."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def fileno(self) -> int:
+        return self._conn.fileno()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self._conn.poll(timeout)
+
+    def recv(self) -> Any:
+        os.set_blocking(self._conn.fileno(), True)
+        return self._conn.recv()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class PipeFixedDHT(hivemind.DHT):
+    """hivemind.DHT with the large-message pipe fix and a parent-death watchdog (see module doc)."""
+
+    parent_check_interval = 1.0
+
+    def run(self) -> None:
+        self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
+        threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
+        super().run()
+
+    def _watch_parent(self, parent_pid: int) -> None:
+        stop = threading.Event()
+        while not stop.wait(self.parent_check_interval):
+            if os.getppid() != parent_pid:
+                # The parent is gone (killed): ask our own event loop to shut down cleanly, which
+                # also stops the p2p daemon, then make sure the process ends.
+                self._outer_pipe.send(("_shutdown", [], {}))
+                stop.wait(self.shutdown_timeout + 2)
+                os._exit(0)
+
+
+def check_initial_peers(initial_peers: Sequence[str]) -> list[str]:
+    """Each initial peer must be a full multiaddr ending in /p2p/<peer id>; raise ValueError otherwise."""
+    out = []
+    for addr in initial_peers:
+        try:
+            maddr = Multiaddr(addr)
+            maddr["p2p"]
+        except (maddr_errors.Error, ValueError, TypeError) as e:
+            raise ValueError(f"initial peer {addr!r} is not a multiaddr with /p2p/<peer id>: {e}") from e
+        out.append(str(maddr))
+    return out
+
+
+async def _get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, timeout: float) -> dict[str, Any]:
+    """Runs in the DHT process: one traversal for all keys; returns those found or missing in time."""
+    futures = await node.get_many(keys, sufficient_expiration_time=float("inf") if latest else None,
+                                  return_futures=True)
+    done, pending = await asyncio.wait(list(futures.values()), timeout=timeout)
+    for fut in pending:
+        fut.cancel()
+    return {k: f.result() for k, f in futures.items() if f in done and not f.cancelled() and f.exception() is None}
+
+
+async def _store_many_in_dht(_dht: Any, node: Any, keys: list[str], values: list[bytes], expiration: float,
+                             subkeys: list[bytes | None], timeout: float) -> dict[Any, bool]:
+    """Runs in the DHT process: one traversal storing every (key, subkey, value); {} if out of time."""
+    try:
+        return await asyncio.wait_for(node.store_many(keys, values, expiration, subkeys=subkeys), timeout)
+    except asyncio.TimeoutError:
+        return {}
+
+
+# --------------------------------------------------------------------------------------------
+# The transport
+# --------------------------------------------------------------------------------------------
+class HivemindTransport(Transport):
+    """Transport over a hivemind DHT process. Construct it, use it, `shutdown()` it.
+
+    identity: the node's key (libp2p identity and record signer). swarm_id: namespaces chunk keys.
+    owned_keys: raw keys that must hold owned bytes at a given DHT time (exchange.owned_key_schedule).
+    Startup waits at most `startup_timeout` per attempt, `start_attempts` attempts, then raises
+    SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
+    cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
+    """
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        swarm_id: str,
+        *,
+        initial_peers: Sequence[str] = (),
+        host_maddrs: Sequence[str] = ("/ip4/0.0.0.0/tcp/0",),
+        announce_maddrs: Sequence[str] = (),
+        client_mode: bool = False,
+        use_relay: bool = True,
+        use_auto_relay: bool = False,
+        owned_keys: OwnedKeySchedule | None = None,
+        startup_timeout: float = 60.0,
+        start_attempts: int = 2,
+        wait_timeout: float = 3.0,
+        num_replicas: int = 5,
+        cache_nearest: int = 0,
+        check_identity_free: bool | None = None,
+    ) -> None:
+        self.identity = identity
+        self.swarm_id = keys.check_name(swarm_id)
+        self.drops = DropCounter()
+        self.traffic: Counter = Counter()
+        self._initial_peers = check_initial_peers(initial_peers)
+        validators: list[RecordValidatorBase] = [
+            RSASignatureValidator(identity.private_key),
+            SwarmRecordValidator(swarm_id),
+        ]
+        if owned_keys is not None:
+            validators.append(ScheduledKeySchemaValidator(owned_keys))
+        self._subkey = validators[0].local_public_key
+        kwargs = dict(
+            initial_peers=self._initial_peers,
+            record_validators=validators,
+            host_maddrs=list(host_maddrs),
+            announce_maddrs=list(announce_maddrs) or None,
+            client_mode=client_mode,
+            use_relay=use_relay,
+            use_auto_relay=use_auto_relay,
+            identity_path=str(identity.path),
+            # A key created just now cannot be in use elsewhere: skip the daemon's slow check.
+            check_if_identity_free=not identity.created if check_identity_free is None else check_identity_free,
+            wait_timeout=wait_timeout,
+            num_replicas=num_replicas,
+            cache_nearest=cache_nearest,
+            startup_timeout=startup_timeout,
+        )
+        self._dht = self._start(kwargs, startup_timeout, start_attempts)
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity) -> HivemindTransport:
+        """A transport for a node configured by `cfg` (the `[swarm]` section)."""
+        from swarm_node.swarm.exchange import owned_key_schedule
+
+        return cls(
+            identity,
+            cfg.swarm_id,
+            initial_peers=cfg.initial_peers,
+            host_maddrs=cfg.host_maddrs,
+            announce_maddrs=cfg.announce_maddrs,
+            client_mode=cfg.client_mode,
+            use_relay=cfg.use_relay,
+            use_auto_relay=cfg.use_auto_relay,
+            owned_keys=owned_key_schedule(cfg.swarm_id, cfg.window_seconds, cfg.staleness_steps),
+            startup_timeout=cfg.startup_timeout_s,
+            start_attempts=cfg.start_attempts,
+        )
+
+    def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int) -> PipeFixedDHT:
+        errors = []
+        for attempt in range(1, max(1, attempts) + 1):
+            dht = PipeFixedDHT(start=False, **kwargs)
+            dht.run_in_background(await_ready=False)
+            try:
+                dht.wait_until_ready(timeout=timeout)
+                return dht
+            except FutureTimeoutError:
+                errors.append(f"attempt {attempt}: no answer within {timeout:.0f}s")
+            except (P2PDaemonError, RuntimeError, OSError, ValueError) as e:  # bootstrap / daemon errors
+                errors.append(f"attempt {attempt}: {e}")
+            dht.shutdown()
+        if self._initial_peers:
+            raise SwarmConnectError(
+                f"could not reach any initial peer: {', '.join(self._initial_peers)} ({'; '.join(errors)})"
+            )
+        raise SwarmConnectError(f"the DHT failed to start: {'; '.join(errors)}")
+
+    # -- identity --------------------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @property
+    def public_key(self) -> bytes:
+        return self.identity.public_key
+
+    @property
+    def visible_maddrs(self) -> list[str]:
+        return [str(m) for m in self._dht.get_visible_maddrs()]
+
+    def dht_time(self) -> float:
+        return get_dht_time()
+
+    # -- batched DHT calls (run inside the DHT process; one traversal per batch) ------------
+    def _call(self, coro: Any, timeout: float) -> Any:
+        """Run `coro` in the DHT process; None if it does not answer within `timeout` (+ slack)."""
+        fut = self._dht.run_coroutine(coro, return_future=True)
+        try:
+            return fut.result(timeout=timeout + 2.0)
+        except FutureTimeoutError:
+            fut.cancel()
+            if not self._dht.is_alive():  # our own background process failed: surface it, do not retry
+                raise SwarmConnectError(f"the DHT process exited (exit code {self._dht.exitcode})") from None
+            return None
+
+    def _get_many(self, keys: list[str], latest: bool, timeout: float) -> tuple[dict[str, Any], set[str]]:
+        """(found, late): found maps key -> ValueWithExpiration or None (absent); late keys timed out."""
+        if not keys:
+            return {}, set()
+        found = self._call(partial(_get_many_in_dht, keys=keys, latest=latest, timeout=timeout), timeout) or {}
+        return found, set(keys) - set(found)
+
+    def _store_many(self, keys: list[str], values: list[bytes], subkeys: list[bytes | None], expiration: float,
+                    timeout: float) -> dict[str, bool]:
+        """key -> accepted. A store hivemind reports as rejected is read back once to tell a real
+        rejection from its last-replica-wins status (a replica that already held the record, e.g. a
+        restarted peer reached under its old node id, answers False)."""
+        deadline = time.monotonic() + timeout
+        result = self._call(partial(_store_many_in_dht, keys=keys, values=values, expiration=expiration,
+                                    subkeys=subkeys, timeout=timeout), timeout) or {}
+        ok = {k: bool(result.get((k, sk) if sk is not None else k)) for k, sk in zip(keys, subkeys)}
+        unsure = [k for k in keys if not ok[k]]
+        if unsure and result:
+            found, _late = self._get_many(unsure, True, max(0.5, deadline - time.monotonic()))
+            wanted = dict(zip(keys, subkeys))
+            for k in unsure:
+                item = found.get(k)
+                if item is not None and wanted[k] is not None:
+                    item = item.value.get(wanted[k]) if isinstance(item.value, dict) else None
+                ok[k] = item is not None and item.expiration_time >= expiration
+        self.traffic["store_failures"] += sum(not v for v in ok.values())
+        return ok
+
+    # -- owned records ---------------------------------------------------------------------
+    def store_owned(self, key: str, value: bytes, expiration_time: float, timeout: float = 10.0) -> bool:
+        self._check_open()
+        check_owned_value(value, expiration_time, self.dht_time())
+        self.traffic["bytes_out"] += len(value)
+        self.traffic["records_stored"] += 1
+        return self._store_many([key], [value], [self._subkey], expiration_time, timeout)[key]
+
+    def get_all_many(self, keys: Sequence[str], timeout: float) -> dict[str, dict[str, OwnedValue]]:
+        self._check_open()
+        keys = list(dict.fromkeys(keys))
+        found, late = self._get_many(keys, True, timeout)
+        self.traffic["get_timeouts"] += len(late)
+        now = self.dht_time()
+        out: dict[str, dict[str, OwnedValue]] = {}
+        for key in keys:
+            out[key] = self._parse_owned(found.get(key), now)
+            self.traffic["bytes_in"] += sum(len(v.value) for v in out[key].values())
+            self.traffic["records_fetched"] += 1
+        return out
+
+    @staticmethod
+    def _parse_owned(found: Any, now: float) -> dict[str, OwnedValue]:
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        entries: dict[str, OwnedValue] = {}
+        for subkey, item in found.value.items():
+            owner = owner_of_subkey(subkey) if isinstance(subkey, bytes) else None
+            if owner is None or not isinstance(item.value, bytes) or item.expiration_time <= now:
+                continue
+            entries[owner] = OwnedValue(item.value, float(item.expiration_time))
+        return entries
+
+    # -- blobs -----------------------------------------------------------------------------
+    def put_blob(self, data: bytes, expiration_time: float, timeout: float = 10.0) -> str:
+        return self.put_blobs([data], expiration_time, timeout)[0]
+
+    def put_blobs(self, blobs: Sequence[bytes], expiration_time: float, timeout: float = 10.0) -> list[str]:
+        """Store several blobs in one batch under one deadline; returns their digests in order.
+
+        A blob no peer accepted in time is counted in `traffic["store_failures"]` (peers that
+        later miss it count a `missing` drop); this is network weather, not an error.
+        """
+        self._check_open()
+        now = self.dht_time()
+        digests = [check_blob_put(data, expiration_time, now) for data in blobs]
+        unique = dict(zip(digests, blobs))
+        if unique:
+            self._store_many([keys.chunk_key(self.swarm_id, d) for d in unique], list(unique.values()),
+                             [None] * len(unique), expiration_time, timeout)
+        self.traffic["bytes_out"] += sum(len(b) for b in unique.values())
+        self.traffic["blobs_stored"] += len(unique)
+        return digests
+
+    def get_blobs(self, digests: Sequence[str], timeout: float) -> BlobFetch:
+        self._check_open()
+        out = BlobFetch()
+        digests = list(dict.fromkeys(digests))
+        for d in [d for d in digests if not is_digest(d)]:
+            out.failed[d] = BAD_DIGEST
+        by_key = {keys.chunk_key(self.swarm_id, d): d for d in digests if d not in out.failed}
+        found, late = self._get_many(list(by_key), False, timeout)
+        for key, d in by_key.items():
+            if key in late:
+                out.failed[d] = FETCH_TIMEOUT
+                continue
+            item = found.get(key)
+            if item is None:
+                out.failed[d] = MISSING
+                continue
+            data = item.value
+            self.traffic["bytes_in"] += len(data) if isinstance(data, bytes) else 0
+            self.traffic["blobs_fetched"] += 1
+            reason = check_blob(d, data)
+            if reason is None:
+                out.found[d] = data
+            else:
+                out.failed[d] = reason
+                self.drops.add(reason)
+        return out
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("transport is shut down")
+
+    @property
+    def is_alive(self) -> bool:
+        return not self._closed and self._dht.is_alive()
+
+    def shutdown(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._dht.shutdown()

@@ -1,0 +1,369 @@
+"""Publishing and gathering rollout groups and status records over a Transport.
+
+Layout (keys from `protocol.keys`): each encoded RolloutGroup is split into content-addressed
+chunks (at most CHUNK_BYTES each); a small RolloutIndex listing this node's groups of one time
+window lives in this node's own subkey of `rollout_index_key(swarm_id, window)`. Each publish
+re-stores the merged index of the window; `republish()` extends records that still matter.
+
+Gathering reads the index keys of the last `staleness_windows + 1` windows, picks a bounded random
+sample of entries (`max_groups` in all, `max_per_peer` per peer, so a node's work per step does
+not grow with the swarm), fetches their chunks concurrently under one deadline, then decodes and
+checks each group. Nothing a peer sends raises: every rejected record or group is counted under
+one reason (see the REASON constants and `protocol.validate` reasons).
+
+Left to the node (it holds the state): the prompt reference against its own prompt set
+(`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
+`group_filter` hook lets the caller add checks that return a drop reason.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from protocol import codec, keys
+from protocol.messages import (
+    SUPPORTED_VERSIONS,
+    IndexEntry,
+    NodeStatus,
+    ProtocolError,
+    RolloutGroup,
+    RolloutIndex,
+)
+from protocol.validate import ValidationLimits, validate_group, validate_status
+from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport, is_digest
+
+CHUNK_BYTES = 512 << 10
+MIN_CHUNK_BYTES = 64 << 10  # an index may not list more than size / MIN_CHUNK_BYTES + 1 chunks
+MAX_INDEX_ENTRIES = 256  # per node per window; an index entry is ~100-200 bytes, the record <= 64 KiB
+
+DECODE_ERROR = "decode_error"
+BAD_VERSION = "bad_version"
+WRONG_TYPE = "wrong_type"
+SENDER_MISMATCH = "sender_mismatch"
+INDEX_MISMATCH = "index_mismatch"
+OVERSIZED = "oversized"
+STALE = "stale"
+FUTURE = "from_future"
+BAD_TIMESTAMP = "bad_timestamp"
+DUPLICATE = "duplicate"
+FETCH_TIMEOUT = "fetch_timeout"
+
+__all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange", "owned_key_schedule"]
+
+
+def owned_key_schedule(swarm_id: str, window_seconds: float, staleness_windows: int) -> Callable[[float], list[str]]:
+    """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator)."""
+
+    def keys_at(now: float) -> list[str]:
+        w = keys.window_of(now, window_seconds)
+        lo = max(0, w - staleness_windows - 2)
+        return [keys.status_key(swarm_id)] + [keys.rollout_index_key(swarm_id, i) for i in range(lo, w + 3)]
+
+    return keys_at
+
+
+def decode_reason(data: bytes) -> str:
+    """Why `data` failed to decode: `bad_version` for a well-framed message of another version."""
+    if len(data) >= 3 and data[:2] == codec.MAGIC and data[2] not in SUPPORTED_VERSIONS:
+        return BAD_VERSION
+    return DECODE_ERROR
+
+
+@dataclass
+class _Candidate:
+    owner: str
+    window: int
+    entry: IndexEntry
+
+
+class RolloutExchange:
+    """Publish own groups, gather peers' groups, publish/read status records.
+
+    `vocab_size` and `max_new_tokens` bound what is accepted (token ids and completion length);
+    `record_ttl_s` is how long records live; `max_group_bytes` caps one encoded group.
+    """
+
+    def __init__(
+        self,
+        transport: Transport,
+        swarm_id: str,
+        *,
+        vocab_size: int,
+        max_new_tokens: int = 4096,
+        max_group_size: int = 256,
+        record_ttl_s: float = 300.0,
+        window_seconds: float = 30.0,
+        max_group_bytes: int = 8 << 20,
+        tokenizer_fingerprint: str | None = None,
+        group_filter: Callable[[RolloutGroup], str | None] | None = None,
+        store_timeout: float = 10.0,
+    ) -> None:
+        self.transport = transport
+        self.swarm_id = keys.check_name(swarm_id)
+        self.record_ttl_s = record_ttl_s
+        self.window_seconds = window_seconds
+        self.max_group_bytes = max_group_bytes
+        self.group_filter = group_filter
+        self.store_timeout = store_timeout
+        self.limits = ValidationLimits(
+            vocab_size=vocab_size, max_tokens_per_completion=max_new_tokens, max_group_size=max_group_size,
+            expected_swarm_id=swarm_id, expected_tokenizer_fingerprint=tokenizer_fingerprint,
+        )
+        self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
+        self.drops = DropCounter()  # everything dropped so far (groups and status records)
+        self._published: dict[int, list[IndexEntry]] = {}  # window -> own entries
+        self._blobs: dict[str, bytes] = {}  # digest -> chunk, kept while its window matters
+        self._blob_window: dict[str, int] = {}
+        self._seen_digests: dict[tuple[str, ...], int] = {}  # taken or rejected entries -> window
+        self._seen_groups: dict[tuple[str, int, int], int] = {}  # (sender, prompt, policy) -> window
+        self._bad_indexes: dict[tuple[str, str], int] = {}  # (owner, digest of record) -> window
+
+    # ---- publishing ---------------------------------------------------------------------
+
+    def publish_groups(self, groups: Sequence[RolloutGroup], window: int) -> float:
+        """Publish groups of `window`; returns encoded bytes per token (0 if no tokens)."""
+        now = self.transport.dht_time()
+        expiration = now + self.record_ttl_s
+        entries, blobs, total_bytes, total_tokens = [], [], 0, 0
+        for group in groups:
+            data = codec.encode(group)
+            chunks = codec.split_chunks(data, CHUNK_BYTES)
+            digests = tuple(codec.content_digest(c) for c in chunks)
+            blobs.extend(chunks)
+            for d, c in zip(digests, chunks):
+                self._blobs[d], self._blob_window[d] = c, window
+            entries.append(IndexEntry(chunk_digests=digests, size=len(data), prompt_index=group.prompt.index,
+                                      policy_version=group.policy_version, created_at=group.created_at))
+            total_bytes += len(data)
+            total_tokens += group.num_tokens
+        self._put_blobs(blobs, expiration)
+        merged = (self._published.get(window, []) + entries)[-MAX_INDEX_ENTRIES:]
+        self._published[window] = merged
+        self._store_index(window, merged, expiration)
+        return total_bytes / total_tokens if total_tokens else 0.0
+
+    def _put_blobs(self, blobs: list[bytes], expiration: float) -> None:
+        if blobs:
+            self.transport.put_blobs(blobs, expiration, self.store_timeout)
+
+    def _store_index(self, window: int, entries: list[IndexEntry], expiration: float) -> bool:
+        index = RolloutIndex(sender=self.transport.peer_id, window=window, entries=tuple(entries))
+        data = codec.encode(index)
+        while len(data) > MAX_RECORD_BYTES and len(entries) > 1:  # very long digests lists: keep newest
+            entries = entries[len(entries) // 4 or 1:]
+            data = codec.encode(RolloutIndex(sender=self.transport.peer_id, window=window, entries=tuple(entries)))
+        return self.transport.store_owned(keys.rollout_index_key(self.swarm_id, window), data, expiration,
+                                          self.store_timeout)
+
+    def republish(self, current_window: int, staleness_windows: int) -> int:
+        """Re-store own indexes and chunks of windows that still matter; forget older ones.
+
+        Call about every `record_ttl_s / 3`. Returns how many windows were re-stored.
+        """
+        oldest = current_window - staleness_windows
+        for w in [w for w in self._published if w < oldest]:
+            del self._published[w]
+        for d in [d for d, w in self._blob_window.items() if w < oldest]:
+            del self._blob_window[d], self._blobs[d]
+        expiration = self.transport.dht_time() + self.record_ttl_s
+        self._put_blobs(list(self._blobs.values()), expiration)
+        for w, entries in self._published.items():
+            self._store_index(w, entries, expiration)
+        return len(self._published)
+
+    def publish_status(self, status: NodeStatus) -> bool:
+        data = codec.encode(status)
+        expiration = self.transport.dht_time() + self.record_ttl_s
+        return self.transport.store_owned(keys.status_key(self.swarm_id), data, expiration, self.store_timeout)
+
+    def read_statuses(self, timeout: float) -> list[NodeStatus]:
+        """Valid status records of live peers (including this node's), sorted by peer id."""
+        out = []
+        for owner, item in self.transport.get_all(keys.status_key(self.swarm_id), timeout).items():
+            try:
+                status = codec.decode(item.value)
+            except ProtocolError:
+                self.drops.add("status_" + decode_reason(item.value))
+                continue
+            reason = None
+            if not isinstance(status, NodeStatus):
+                reason = WRONG_TYPE
+            elif status.peer_id != owner:
+                reason = SENDER_MISMATCH
+            else:
+                reasons = validate_status(status, self.limits)
+                reason = reasons[0] if reasons else None
+            if reason is None:
+                out.append(status)
+            else:
+                self.drops.add("status_" + reason)
+        return sorted(out, key=lambda s: s.peer_id)
+
+    # ---- gathering ----------------------------------------------------------------------
+
+    def fetch_groups(
+        self,
+        current_window: int,
+        staleness_windows: int,
+        max_groups: int,
+        max_per_peer: int,
+        timeout: float,
+        rng: random.Random | None = None,
+        exclude_self: bool = True,
+    ) -> tuple[list[RolloutGroup], DropCounter]:
+        """A bounded random sample of peers' fresh, valid groups, and the drops by reason."""
+        deadline = time.monotonic() + timeout
+        rng = rng or random.Random()
+        drops = DropCounter()
+        self._forget_before(current_window - staleness_windows)
+        if max_groups <= 0 or max_per_peer <= 0:
+            return [], drops
+        windows = range(max(0, current_window - staleness_windows), current_window + 1)
+        index_keys = {keys.rollout_index_key(self.swarm_id, w): w for w in windows}
+        found = self.transport.get_all_many(list(index_keys), timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        candidates = []
+        for key, window in index_keys.items():
+            for owner, item in found.get(key, {}).items():
+                if exclude_self and owner == self.transport.peer_id:
+                    continue
+                candidates.extend(self._index_candidates(owner, window, item.value, current_window,
+                                                         staleness_windows, drops))
+        chosen = self._sample(candidates, max_groups, max_per_peer, rng)
+        groups = self._fetch_chosen(chosen, deadline, current_window, staleness_windows, drops)
+        self.drops.update(drops)
+        return groups, drops
+
+    def _index_candidates(self, owner: str, window: int, data: bytes, current: int, staleness: int,
+                          drops: DropCounter) -> list[_Candidate]:
+        record_id = (owner, codec.content_digest(data))
+        if record_id in self._bad_indexes:
+            return []  # counted when first seen
+        reason = None
+        try:
+            index = codec.decode(data)
+        except ProtocolError:
+            reason = decode_reason(data)
+        else:
+            if not isinstance(index, RolloutIndex):
+                reason = WRONG_TYPE
+            elif index.sender != owner:
+                reason = SENDER_MISMATCH
+            elif index.window != window:
+                reason = INDEX_MISMATCH
+        if reason is not None:
+            drops.add(reason)
+            self._bad_indexes[record_id] = window
+            return []
+        out, listed = [], set()
+        for entry in index.entries:
+            digests = tuple(entry.chunk_digests)
+            if digests in self._seen_digests:
+                continue  # taken (or rejected and counted) in an earlier gather: not new data
+            if digests in listed:
+                drops.add(DUPLICATE)  # the same payload listed twice
+                continue
+            listed.add(digests)
+            reason = self._entry_reason(owner, entry, current, staleness)
+            if reason is not None:
+                drops.add(reason)
+                self._seen_digests[digests] = window
+                continue
+            out.append(_Candidate(owner, window, entry))
+        return out
+
+    def _entry_reason(self, owner: str, entry: IndexEntry, current: int, staleness: int) -> str | None:
+        if not entry.chunk_digests or any(not is_digest(d) for d in entry.chunk_digests):
+            return INDEX_MISMATCH
+        if entry.size > self.max_group_bytes:
+            return OVERSIZED
+        if len(entry.chunk_digests) > entry.size // MIN_CHUNK_BYTES + 1:
+            return INDEX_MISMATCH
+        if (owner, entry.prompt_index, entry.policy_version) in self._seen_groups:
+            return DUPLICATE
+        return self._age_reason(entry.created_at, current, staleness)
+
+    def _age_reason(self, created_at: float, current: int, staleness: int) -> str | None:
+        try:
+            w = keys.window_of(created_at, self.window_seconds)
+        except ProtocolError:
+            return BAD_TIMESTAMP
+        if w < current - staleness:
+            return STALE
+        if w > current + 1:
+            return FUTURE
+        return None
+
+    @staticmethod
+    def _sample(candidates: list[_Candidate], max_groups: int, max_per_peer: int,
+                rng: random.Random) -> list[_Candidate]:
+        rng.shuffle(candidates)
+        per_peer: dict[str, int] = {}
+        chosen = []
+        for c in candidates:
+            if len(chosen) >= max_groups:
+                break
+            if per_peer.get(c.owner, 0) >= max_per_peer:
+                continue
+            per_peer[c.owner] = per_peer.get(c.owner, 0) + 1
+            chosen.append(c)
+        return chosen
+
+    def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
+                      drops: DropCounter) -> list[RolloutGroup]:
+        digests = [d for c in chosen for d in c.entry.chunk_digests]
+        fetched = self.transport.get_blobs(digests, timeout=max(0.0, deadline - time.monotonic()))
+        groups = []
+        for c in chosen:
+            digests_c = tuple(c.entry.chunk_digests)
+            self._seen_digests[digests_c] = c.window
+            failed = [fetched.failed[d] for d in digests_c if d in fetched.failed]
+            if failed:
+                if failed[0] == FETCH_TIMEOUT:
+                    del self._seen_digests[digests_c]  # may be fetched again next time
+                drops.add(failed[0])
+                continue
+            data = b"".join(fetched.found[d] for d in digests_c)
+            reason, group = self._check_group(c, data, current, staleness)
+            if reason is not None:
+                drops.add(reason)
+                continue
+            self._seen_groups[(group.sender, group.prompt.index, group.policy_version)] = c.window
+            groups.append(group)
+        return groups
+
+    def _check_group(self, c: _Candidate, data: bytes, current: int,
+                     staleness: int) -> tuple[str | None, RolloutGroup | None]:
+        if len(data) != c.entry.size:
+            return INDEX_MISMATCH, None
+        try:
+            group = codec.decode(data, self.codec_limits)
+        except ProtocolError:
+            return decode_reason(data), None
+        if not isinstance(group, RolloutGroup):
+            return WRONG_TYPE, None
+        if group.sender != c.owner:
+            return SENDER_MISMATCH, None
+        reasons = validate_group(group, self.limits)
+        if reasons:
+            return reasons[0], None
+        if (group.prompt.index, group.policy_version) != (c.entry.prompt_index, c.entry.policy_version):
+            return INDEX_MISMATCH, None
+        if (group.sender, group.prompt.index, group.policy_version) in self._seen_groups:
+            return DUPLICATE, None
+        age = self._age_reason(group.created_at, current, staleness)
+        if age is not None:
+            return age, None
+        if self.group_filter is not None:
+            extra = self.group_filter(group)
+            if extra is not None:
+                return extra, None
+        return None, group
+
+    def _forget_before(self, oldest_window: int) -> None:
+        """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
+        for table in (self._seen_digests, self._seen_groups, self._bad_indexes):
+            for k in [k for k, w in table.items() if w < oldest_window]:
+                del table[k]

@@ -1,0 +1,166 @@
+"""Seeded prompt sets: an operator publishes a prompt set once; nodes load and verify it.
+
+Layout: the problems travel as content-addressed `PromptChunk` blobs (each well under the blob
+limit); a `PromptSetManifest` lists the chunk digests and is signed by the operator's RSA key
+(`codec.manifest_signing_bytes`, hivemind's RSA-PSS signature). The manifest is stored under
+`keys.prompt_manifest_key(swarm_id, prompt_set_id)` in the seeding node's own subkey; the trust
+anchor is the signature inside the manifest, so any node may store (and re-seed) it.
+
+A prompt set's id is `swarm_node.tasks.base.content_id(task, problems)` (`<task>-<sha256 prefix>`
+over every question and answer), so a loaded set is checked three ways: the manifest signature
+against the configured operator key, every chunk against its digest, and the problems against
+the id. Without a configured key only the last two hold (the id is self-certifying), and the
+load logs that the set is unsigned-by-choice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from hivemind.utils.crypto import RSAPublicKey
+
+from protocol import codec, keys
+from protocol.messages import PromptChunk, PromptSetManifest, ProtocolError
+from protocol.validate import ValidationLimits, validate_manifest
+from swarm_node.swarm.identity import NodeIdentity
+from swarm_node.swarm.transport import Transport
+from swarm_node.tasks.base import Problem, PromptSet, content_id
+
+log = logging.getLogger(__name__)
+
+MAX_CHUNK_BYTES = 256 << 10  # encoded PromptChunk target; the blob limit is 1 MiB
+MAX_ITEMS_PER_CHUNK = 1024
+
+
+class PromptSetError(RuntimeError):
+    """A prompt set could not be loaded: not found in time, or no copy passed verification."""
+
+
+def _chunk_problems(problems: tuple[Problem, ...]) -> list[bytes]:
+    """Encoded PromptChunks, each at most MAX_CHUNK_BYTES (a single huge problem gets its own chunk)."""
+    chunks, items, size = [], [], 0
+    for p in problems:
+        item = (p.index, p.question, p.answer)
+        item_size = len(p.question.encode()) + len(p.answer.encode()) + 16
+        if items and (size + item_size > MAX_CHUNK_BYTES or len(items) >= MAX_ITEMS_PER_CHUNK):
+            chunks.append(codec.encode(PromptChunk(items=tuple(items))))
+            items, size = [], 0
+        items.append(item)
+        size += item_size
+    if items:
+        chunks.append(codec.encode(PromptChunk(items=tuple(items))))
+    return chunks
+
+
+def seed_prompt_set(
+    transport: Transport,
+    swarm_id: str,
+    prompt_set: PromptSet,
+    name: str,
+    operator: NodeIdentity,
+    *,
+    ttl_s: float = 3600.0,
+    timeout: float = 30.0,
+) -> PromptSetManifest:
+    """Publish `prompt_set` (chunks + a manifest signed by `operator`); returns the manifest.
+
+    Call again before `ttl_s` elapses to keep the set available (re-seeding stores the same
+    chunks, so only the expiration moves).
+    """
+    if [p.index for p in prompt_set.problems] != list(range(len(prompt_set))):
+        raise ValueError("prompt set problems must be indexed 0..n-1 in order")
+    now = transport.dht_time()
+    chunks = _chunk_problems(prompt_set.problems)
+    digests = transport.put_blobs(chunks, now + ttl_s, timeout)
+    manifest = PromptSetManifest(
+        prompt_set_id=keys.check_name(prompt_set.id, "prompt set id"), name=name,
+        answer_kind=prompt_set.answer_kind, num_problems=len(prompt_set), chunk_digests=tuple(digests),
+        owner_public_key=operator.public_key, created_at=now,
+    )
+    signature = operator.private_key.sign(codec.manifest_signing_bytes(manifest))
+    manifest = replace(manifest, signature=signature)
+    key = keys.prompt_manifest_key(swarm_id, prompt_set.id)
+    if not transport.store_owned(key, codec.encode(manifest), now + ttl_s, timeout):
+        raise PromptSetError(f"no peer accepted the manifest of {prompt_set.id} within {timeout:.0f}s")
+    return manifest
+
+
+def verify_manifest_signature(manifest: PromptSetManifest) -> bool:
+    """True if `manifest.signature` is the owner key's signature over the canonical manifest bytes."""
+    try:
+        public_key = RSAPublicKey.from_bytes(manifest.owner_public_key)
+    except (ValueError, TypeError, IndexError):
+        return False
+    return public_key.verify(codec.manifest_signing_bytes(manifest), manifest.signature)
+
+
+def _manifest_reason(data: bytes, prompt_set_id: str, owner: bytes | None) -> tuple[str | None, PromptSetManifest | None]:
+    try:
+        manifest = codec.decode(data)
+    except ProtocolError:
+        return "decode_error", None
+    if not isinstance(manifest, PromptSetManifest):
+        return "wrong_type", None
+    reasons = validate_manifest(manifest, ValidationLimits(vocab_size=1, expected_owner=owner))
+    if reasons:
+        return reasons[0], None
+    if manifest.prompt_set_id != prompt_set_id:
+        return "wrong_prompt_set", None
+    if not verify_manifest_signature(manifest):
+        return "bad_signature", None
+    return None, manifest
+
+
+def _assemble(manifest: PromptSetManifest, chunks: list[bytes]) -> tuple[str | None, PromptSet | None]:
+    problems: list[Problem] = []
+    for data in chunks:
+        try:
+            chunk = codec.decode(data)
+        except ProtocolError:
+            return "decode_error", None
+        if not isinstance(chunk, PromptChunk):
+            return "wrong_type", None
+        for item in chunk.items:
+            if len(item) != 3 or not isinstance(item[0], int) or not all(isinstance(x, str) for x in item[1:]):
+                return "bad_item", None
+            if item[0] != len(problems):
+                return "bad_index", None
+            problems.append(Problem(index=item[0], question=item[1], answer=item[2]))
+    if len(problems) != manifest.num_problems:
+        return "wrong_count", None
+    task = manifest.prompt_set_id.rsplit("-", 1)[0]
+    if content_id(task, problems) != manifest.prompt_set_id:
+        return "content_mismatch", None
+    return None, PromptSet(id=manifest.prompt_set_id, answer_kind=manifest.answer_kind, problems=tuple(problems))
+
+
+def load_prompt_set(
+    transport: Transport,
+    swarm_id: str,
+    prompt_set_id: str,
+    owner_public_key: str | bytes | None,
+    *,
+    timeout: float = 30.0,
+) -> PromptSet:
+    """Fetch, verify and return a seeded prompt set. Raises PromptSetError with every rejection reason."""
+    owner = owner_public_key.encode() if isinstance(owner_public_key, str) else owner_public_key
+    if owner is None:
+        log.warning("loading prompt set %s without an operator key: only its content hash is checked",
+                    prompt_set_id)
+    entries = transport.get_all(keys.prompt_manifest_key(swarm_id, prompt_set_id), timeout)
+    if not entries:
+        raise PromptSetError(f"prompt set {prompt_set_id} not found in swarm {swarm_id!r} within {timeout:.0f}s")
+    rejected: list[str] = []
+    for seeder, item in sorted(entries.items(), key=lambda kv: -kv[1].expiration_time):
+        reason, manifest = _manifest_reason(item.value, prompt_set_id, owner)
+        if manifest is not None:
+            fetched = transport.get_blobs(list(manifest.chunk_digests), timeout)
+            if fetched.failed:
+                reason = "chunk_" + next(iter(fetched.failed.values()))
+            else:
+                reason, prompt_set = _assemble(manifest, [fetched.found[d] for d in manifest.chunk_digests])
+                if prompt_set is not None:
+                    return prompt_set
+        rejected.append(f"{seeder}: {reason}")
+    raise PromptSetError(f"no valid copy of prompt set {prompt_set_id}: {'; '.join(rejected)}")

@@ -1,0 +1,37 @@
+"""Shared fixtures for tests with real hivemind DHT processes on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+@pytest.fixture(scope="module")
+def dht_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., object]]:
+    """`make(swarm_id, node_dir=None, initial_peers=(), **kw) -> HivemindTransport` on loopback.
+
+    Every transport made through it is shut down when the test module ends (DHTs are slow to
+    start, so a module reuses them across its tests).
+    """
+    from swarm_node.swarm.dht import HivemindTransport
+    from swarm_node.swarm.exchange import owned_key_schedule
+    from swarm_node.swarm.identity import load_node_identity
+
+    made: list[HivemindTransport] = []
+
+    def make(swarm_id: str, node_dir: Path | None = None, initial_peers=(), **kw) -> HivemindTransport:
+        node_dir = node_dir or tmp_path_factory.mktemp("node")
+        kw.setdefault("owned_keys", owned_key_schedule(swarm_id, 30.0, 4))
+        kw.setdefault("startup_timeout", 30.0)
+        t = HivemindTransport(load_node_identity(node_dir), swarm_id, initial_peers=list(initial_peers),
+                              host_maddrs=LOOPBACK, **kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.shutdown()

@@ -1,0 +1,93 @@
+"""The DHT record validators, exercised in-process on hand-built records (no DHT needed)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("hivemind")
+
+from hivemind.dht.crypto import RSASignatureValidator  # noqa: E402
+from hivemind.dht.protocol import DHTProtocol  # noqa: E402
+from hivemind.dht.routing import DHTID  # noqa: E402
+from hivemind.dht.validation import CompositeValidator, DHTRecord  # noqa: E402
+from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
+
+from protocol import keys  # noqa: E402
+from swarm_node.swarm.validators import ScheduledKeySchemaValidator, SwarmRecordValidator  # noqa: E402
+from swarm_node.swarm.transport import MAX_RECORD_BYTES, blob_digest  # noqa: E402
+
+SWARM = "unit-swarm"
+ser = DHTProtocol.serializer
+
+
+@pytest.fixture(scope="module")
+def keys_pair() -> tuple[RSAPrivateKey, RSAPrivateKey]:
+    return RSAPrivateKey(), RSAPrivateKey()
+
+
+def _validator(key: RSAPrivateKey) -> CompositeValidator:
+    schedule = lambda now: [keys.status_key(SWARM)]  # noqa: E731
+    return CompositeValidator([RSASignatureValidator(key), SwarmRecordValidator(SWARM),
+                               ScheduledKeySchemaValidator(schedule)])
+
+
+def _record(key: str, subkey: object, value: object, exp: float = 2e9) -> DHTRecord:
+    sub = ser.dumps(subkey) if subkey is not None else DHTProtocol.IS_REGULAR_VALUE
+    return DHTRecord(DHTID.generate(source=key).to_bytes(), sub, ser.dumps(value), exp)
+
+
+def _signed(v: CompositeValidator, record: DHTRecord) -> DHTRecord:
+    return dataclasses.replace(record, value=v.sign_value(record))
+
+
+def test_owned_record_signed_by_owner_is_valid(keys_pair) -> None:
+    mine, theirs = keys_pair
+    v, v_other = _validator(mine), _validator(theirs)
+    owner = RSASignatureValidator(mine).local_public_key
+    rec = _signed(v, _record(keys.status_key(SWARM), owner, b"status-bytes"))
+    assert v.validate(rec) and v_other.validate(rec)  # any peer accepts the owner's record
+    tampered = dataclasses.replace(rec, value=rec.value.replace(b"status", b"statuz"))
+    assert not v_other.validate(tampered)
+
+
+def test_cannot_write_another_owners_subkey(keys_pair) -> None:
+    mine, theirs = keys_pair
+    v_mallory = _validator(theirs)
+    victim_subkey = RSASignatureValidator(mine).local_public_key
+    forged = _record(keys.status_key(SWARM), victim_subkey, b"forged")
+    # The mallory validator does not sign a subkey it does not own, so the record has no valid signature.
+    assert not _validator(mine).validate(_signed(v_mallory, forged))
+    # Signing with mallory's own key and pasting the signature on also fails.
+    own = _signed(v_mallory, _record(keys.status_key(SWARM), RSASignatureValidator(theirs).local_public_key, b"forged"))
+    sig = own.value[len(forged.value):]
+    assert not _validator(mine).validate(dataclasses.replace(forged, value=forged.value + sig))
+
+
+def test_unowned_subkeys_and_bad_values_are_rejected(keys_pair) -> None:
+    mine, _ = keys_pair
+    v = _validator(mine)
+    owner = RSASignatureValidator(mine).local_public_key
+    assert not v.validate(_signed(v, _record("swarm-node/x/anything", b"plain-subkey", b"v")))
+    assert not v.validate(_signed(v, _record(keys.status_key(SWARM), owner, "a string, not bytes")))
+    assert not v.validate(_signed(v, _record(keys.status_key(SWARM), owner, b"x" * (MAX_RECORD_BYTES + 1))))
+
+
+def test_schema_rejects_plain_value_under_owned_only_key(keys_pair) -> None:
+    mine, _ = keys_pair
+    # A content-addressed-looking blob written directly under the status key: no owner, wrong key.
+    assert not _validator(mine).validate(_record(keys.status_key(SWARM), None, b"not a blob"))
+
+
+def test_blob_must_sit_under_its_own_hash(keys_pair) -> None:
+    mine, _ = keys_pair
+    v = _validator(mine)
+    data = b"chunk payload"
+    good = _record(keys.chunk_key(SWARM, blob_digest(data)), None, data)
+    assert v.validate(good)
+    poisoned = _record(keys.chunk_key(SWARM, blob_digest(data)), None, b"other payload")
+    assert not v.validate(poisoned)
+    other_swarm = _record(keys.chunk_key("elsewhere", blob_digest(data)), None, data)
+    assert not v.validate(other_swarm)
+    assert not v.validate(_record(keys.chunk_key(SWARM, blob_digest(data)), None, [1, 2, 3]))
