@@ -7,6 +7,7 @@ generators, task loaders, metric sinks); `node.py` sees only `NodeParts`.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 from pathlib import Path
@@ -22,14 +23,9 @@ log = logging.getLogger(__name__)
 def start_transport(swarm: SwarmConfig, node_dir: Path) -> Any:
     """Start this node's DHT process with the identity kept in `node_dir` (created on first use)."""
     from swarm_node.swarm.dht import HivemindTransport
-    from swarm_node.swarm.exchange import owned_key_schedule
     from swarm_node.swarm.identity import load_node_identity
 
-    return HivemindTransport(
-        load_node_identity(node_dir), initial_peers=swarm.initial_peers, host_maddrs=swarm.host_maddrs,
-        announce_maddrs=swarm.announce_maddrs, client_mode=swarm.client_mode, use_relay=swarm.use_relay,
-        use_auto_relay=swarm.use_auto_relay, startup_timeout=swarm.startup_timeout_s,
-        owned_keys=owned_key_schedule(swarm.swarm_id, swarm.window_seconds, swarm.staleness_steps))
+    return HivemindTransport.from_config(swarm, load_node_identity(node_dir))
 
 
 def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodeParts, int]:
@@ -116,9 +112,20 @@ def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
             return
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(transport.visible_maddrs), metrics=metrics))
+            timestamp=transport.dht_time(), maddrs=tuple(transport.visible_maddrs), metrics=status_metrics(metrics)))
 
     return publish
+
+
+def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The part of a step's metrics a status record carries: finite values under short keys, bounded
+    in number (peers drop a status record that breaks protocol.validate's limits)."""
+    from protocol.validate import ValidationLimits
+
+    limits = ValidationLimits(vocab_size=1)
+    kept = {k: float(v) for k, v in sorted(metrics.items())
+            if math.isfinite(v) and len(k) <= limits.max_metric_key_len}
+    return dict(list(kept.items())[: limits.max_metrics])
 
 
 def run_node(cfg: NodeConfig) -> None:

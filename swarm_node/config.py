@@ -40,7 +40,8 @@ class ModelConfig(_Section):
         "smollm2-135m",
         description=(
             "A hub id (e.g. Qwen/Qwen2.5-1.5B-Instruct), a local directory, `smollm2-135m` (the "
-            "embedded default), or `tiny-random:<hidden>x<layers>[:seed]` for tests."
+            "embedded default), or `tiny-random:<hidden>x<layers>[:<a|b>[:<seed>]]` for tests (a random "
+            "Llama built in code; a/b are tokenizer variants with different vocabularies)."
         ),
     )
     revision: str | None = Field(None, description="Hub revision (ignored for local paths).")
@@ -113,11 +114,29 @@ class TaskConfig(_Section):
         ),
     )
     split: str = Field("train", description="Dataset split when loading from the hub.")
-    levels: list[int] = Field(default_factory=lambda: [1, 2], description="Arithmetic difficulty levels used.")
-    size: int = Field(10000, ge=1, description="Arithmetic: number of problems in the procedural set.")
+    levels: list[int] = Field(
+        default_factory=lambda: [1],
+        min_length=1,
+        description=(
+            "Arithmetic difficulty levels used (1..9; problem i has level levels[i % len(levels)]). The default "
+            "suits the embedded 135M model, which solves level 1 sometimes and level 2 almost never."
+        ),
+    )
+    size: int = Field(10000, ge=1, le=1_000_000, description="Arithmetic: number of problems in the procedural set.")
+    seed: int = Field(0, ge=0, description="Arithmetic: seed of the procedural set; all nodes of a swarm use the same.")
+    limit: int | None = Field(None, ge=1, description="GSM8K/MATH-500: keep only the first N problems (None: all).")
     format_reward: float = Field(0.0, ge=0, le=1, description="Extra reward for a well-formed \\boxed{} answer.")
     reward_timeout_s: float = Field(5.0, gt=0, description="Time bound of one reward computation.")
-    system_prompt: str | None = Field(None, description="Override the default instruction.")
+    system_prompt: str | None = Field(
+        None, description="Replaces the default instruction (reason briefly, answer in \\boxed{}) in the user turn."
+    )
+
+    @model_validator(mode="after")
+    def _check_levels(self) -> TaskConfig:
+        bad = [lv for lv in self.levels if not 1 <= lv <= 9]
+        if bad:
+            raise ValueError(f"task.levels must lie in 1..9, got {bad}")
+        return self
 
 
 class SwarmConfig(_Section):
@@ -142,11 +161,16 @@ class SwarmConfig(_Section):
     window_seconds: float = Field(30.0, gt=0, description="Length of a DHT time window for index keys.")
     record_ttl_s: float = Field(300.0, gt=0, description="Expiration of published records.")
     startup_timeout_s: float = Field(60.0, gt=0, description="Longest wait for the DHT process to start.")
+    start_attempts: int = Field(
+        2, ge=1, le=10, description="DHT start attempts (each up to startup_timeout_s) before giving up with an error."
+    )
     prompt_set_id: str | None = Field(None, description="Load the prompt set seeded under this id.")
     prompt_set_owner: str | None = Field(None, description="Operator public key that must sign the prompt set.")
 
 
 class CheckpointConfig(_Section):
+    """When checkpoints are written under `node_dir/checkpoints/` and how many are kept."""
+
     every_steps: int = Field(10, ge=1, description="Checkpoint every N steps (and at shutdown).")
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 

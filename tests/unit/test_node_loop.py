@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,8 @@ SWARM = "unit-swarm"
 
 
 def parity_reward(text: str, problem) -> float:
-    """Deterministic, mixed rewards for random tiny models: even-length completions score 1."""
-    return float(len(text) % 2 == 0)
+    """Deterministic, mixed rewards for random tiny models: a hash bit of the completion text."""
+    return float(hashlib.sha256(text.encode()).digest()[0] % 2 == 0)
 
 
 def make_node(tmp_path: Path, swarm: MemorySwarm | None, name: str, *, model: str = "tiny-random:64x1:a",

@@ -1,0 +1,128 @@
+"""`swarm-node join` processes on loopback: kill -9 one mid-run, the other keeps training; the killed
+node restarts from its node directory as the same peer and continues its step counter; SIGTERM
+makes a node checkpoint and leave within a bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_node.assemble import start_transport
+from swarm_node.config import SwarmConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+SWARM = "itest-proc"
+
+
+def write_config(path: Path, node_dir: Path, cache: Path, peers: list[str], seed: int) -> Path:
+    path.write_text(f"""
+node_dir = "{node_dir}"
+[model]
+name = "tiny-random:64x1:a"
+cache_dir = "{cache}"
+device = "cpu"
+[generation]
+group_size = 4
+max_new_tokens = 8
+[train]
+prompts_per_step = 2
+total_steps = 1000
+seed = {seed}
+[task]
+levels = [1]
+size = 50
+[swarm]
+swarm_id = "{SWARM}"
+initial_peers = {json.dumps(peers)}
+host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
+fetch_timeout_s = 3.0
+window_seconds = 10.0
+[checkpoint]
+every_steps = 3
+""")
+    return path
+
+
+def start(config: Path, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config)],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)
+
+
+def steps(node_dir: Path) -> list[int]:
+    path = node_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(int(json.loads(line)["step"]))
+        except (ValueError, KeyError):
+            pass  # a torn last line while the node is writing
+    return out
+
+
+def wait_for(pred, timeout: float, what: str, procs=()) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        for p in procs:
+            assert p.poll() is None, f"a node exited with {p.returncode} while waiting for {what}"
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def peer_id_in(log: Path) -> list[str]:
+    return re.findall(r"peer id (\S+)", log.read_text(errors="replace"))
+
+
+def test_kill_and_resume_as_same_peer(tmp_path):
+    bootstrap = start_transport(SwarmConfig(swarm_id=SWARM, host_maddrs=["/ip4/127.0.0.1/tcp/0"]), tmp_path / "boot")
+    procs: list[subprocess.Popen] = []
+    try:
+        peers = list(bootstrap.visible_maddrs)
+        dirs = [tmp_path / "n0", tmp_path / "n1"]
+        logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
+        cfgs = [write_config(tmp_path / f"n{i}.toml", d, tmp_path / "cache", peers, i) for i, d in enumerate(dirs)]
+        procs = [start(c, log) for c, log in zip(cfgs, logs)]
+        wait_for(lambda: all(len(steps(d)) >= 4 for d in dirs), 240, "both nodes to take 4 steps", procs)
+
+        victim = procs[0]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        survivor_steps = len(steps(dirs[1]))
+        wait_for(lambda: len(steps(dirs[1])) >= survivor_steps + 2, 120, "the survivor to keep training", [procs[1]])
+
+        latest = (dirs[0] / "checkpoints" / "latest").read_text().strip()
+        checkpoint_step = int(latest.split("-")[-1])
+        assert checkpoint_step >= 3
+        before_restart = steps(dirs[0])
+        procs[0] = start(cfgs[0], logs[0])
+        wait_for(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
+        ids = peer_id_in(logs[0])
+        assert len(ids) == 2 and ids[0] == ids[1], ids
+        resumed_first = steps(dirs[0])[len(before_restart)]
+        assert resumed_first == checkpoint_step + 1  # continued from the last checkpoint
+
+        # SIGTERM: finish the step, checkpoint, leave the DHT, exit 0 within a bound.
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=90) == 0
+        final = int((dirs[1] / "checkpoints" / "latest").read_text().strip().split("-")[-1])
+        assert final == steps(dirs[1])[-1]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        bootstrap.shutdown()
