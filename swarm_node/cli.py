@@ -131,7 +131,8 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
 @app.command()
 def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
               host: Annotated[str, typer.Option()] = "127.0.0.1",
-              port: Annotated[int, typer.Option(min=0, max=65535)] = 8080) -> None:
+              port: Annotated[int, typer.Option(min=0, max=65535, help="0 picks a free port.")] = 8080,
+              poll_interval: Annotated[float, typer.Option(min=0.2, help="Seconds between status reads.")] = 2.0) -> None:
     """Join as an observer (client mode, no training) and serve a web dashboard."""
     from swarm_node.observe import run_dashboard
 
@@ -139,7 +140,7 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
     if not initial_peer:
         typer.secho("dashboard needs --initial-peer (the multiaddr of any node of the swarm)", fg="red", err=True)
         raise typer.Exit(2)
-    run_dashboard(initial_peer, swarm_id, host=host, port=port)
+    run_dashboard(initial_peer, swarm_id, host=host, port=port, poll_interval=poll_interval)
 
 
 @app.command()

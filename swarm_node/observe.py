@@ -36,7 +36,7 @@ def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path
     node_dir = node_dir or Path(tempfile.mkdtemp(prefix="swarm-node-observer-"))
     cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True)
     transport = start_transport(cfg, node_dir)
-    return transport, RolloutExchange(transport, swarm_id)
+    return transport, RolloutExchange(transport, swarm_id, vocab_size=1)  # reads status records only
 
 
 def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
@@ -96,11 +96,13 @@ def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, wa
         transport.shutdown()
 
 
-def run_dashboard(initial_peers: Sequence[str], swarm_id: str, *, host: str, port: int) -> None:
+def run_dashboard(initial_peers: Sequence[str], swarm_id: str, *, host: str, port: int,
+                  poll_interval: float = 2.0) -> None:
     from swarm_node.dashboard.server import DashboardServer
 
     transport, exchange = connect_observer(initial_peers, swarm_id)
-    server = DashboardServer(SwarmStatusSource(exchange, timeout=10.0), host=host, port=port)
+    server = DashboardServer(SwarmStatusSource(exchange, timeout=10.0), host=host, port=port,
+                             poll_interval_s=poll_interval)
     try:
         server.start()
         print(f"dashboard: {server.url}", flush=True)
