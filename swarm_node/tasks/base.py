@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -38,3 +39,17 @@ class PromptSet:
 
 class RewardFn(Protocol):
     def __call__(self, completion_text: str, problem: Problem) -> float: ...
+
+
+def content_id(task: str, problems: Sequence[Problem]) -> str:
+    """A prompt set id, `<task>-<sha256 prefix>` over every problem's question and answer.
+
+    Fields are length-prefixed so no two different lists hash alike by concatenation; nodes that
+    load the same data agree on the id, and any change to a problem changes it."""
+    h = hashlib.sha256()
+    for p in problems:
+        for text in (p.question, p.answer):
+            data = text.encode()
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+    return f"{task}-{h.hexdigest()[:32]}"

@@ -1,0 +1,160 @@
+"""Greedy pass@1 evaluation of a causal LM on a prompt set.
+
+Works with any Hugging Face causal LM and tokenizer: prompts are rendered with the task's
+`render_prompt`, left-padded into batches, decoded greedily (`do_sample=False`) until an end-of-
+sequence token or `max_new_tokens`, and scored with the task's reward function. A problem counts
+as correct when the reward function says the answer is right (`score().correct` when it has one,
+else reward >= 1), so a format bonus never turns a wrong answer into a correct one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from swarm_node.tasks.base import Problem, PromptSet, RewardFn
+from swarm_node.tasks.prompts import render_prompt
+
+COMPLETION_CHARS = 500  # completion text kept per record
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids: the model's generation config (chat models often list several) plus the tokenizer's."""
+    ids: list[int] = []
+    gen_cfg = getattr(model, "generation_config", None)
+    for value in (getattr(gen_cfg, "eos_token_id", None), tokenizer.eos_token_id):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the model nor the tokenizer defines an end-of-sequence token")
+    return ids
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded input ids [B, L] and attention mask [B, L] (1 on real tokens)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, p in enumerate(prompts):
+        if p:
+            ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[row, width - len(p):] = 1
+    return ids, mask
+
+
+def trim_completion(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], bool]:
+    """Tokens up to and including the first stop token, and whether one was found."""
+    stops = set(stop_ids)
+    for i, t in enumerate(tokens):
+        if t in stops:
+            return list(tokens[: i + 1]), True
+    return list(tokens), False
+
+
+@torch.no_grad()
+def generate_greedy(
+    model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, device: str | torch.device
+) -> list[tuple[list[int], bool]]:
+    """Greedy completions for one batch: per prompt, (completion tokens incl. the stop token, stopped)."""
+    stops = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    ids, mask = left_pad(prompts, pad_id)  # [B, L]
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stops,
+        pad_token_id=pad_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )  # [B, L + T']
+    new = out[:, ids.shape[1]:].tolist()
+    return [trim_completion(row, stops) for row in new]
+
+
+def _is_correct(reward_fn: RewardFn, text: str, problem: Problem) -> tuple[bool, float]:
+    score = getattr(reward_fn, "score", None)
+    if callable(score):
+        s = score(text, problem)
+        return bool(s.correct), float(s.reward)
+    reward = float(reward_fn(text, problem))
+    return reward >= 1.0, reward
+
+
+def _progress(progress: bool, total: int) -> Any:
+    if not progress:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415
+
+    bar = Progress(TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TextColumn("acc {task.fields[acc]:.3f}"),
+                   TimeRemainingColumn())
+    bar.start()
+    bar.add_task("eval", total=total, acc=0.0)
+    return bar
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    prompt_set: PromptSet,
+    reward_fn: RewardFn,
+    *,
+    limit: int | None = None,
+    batch_size: int = 8,
+    max_new_tokens: int = 256,
+    device: str | torch.device = "cpu",
+    system_prompt: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Greedy pass@1 on the first `limit` problems (all when None).
+
+    Returns accuracy, n, correct, seconds, generated_tokens, tokens_per_s, truncated (hit
+    max_new_tokens) and `records`: per problem {index, correct, reward, tokens, stopped,
+    completion (first COMPLETION_CHARS characters)}."""
+    if batch_size < 1 or max_new_tokens < 1:
+        raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
+    problems = prompt_set.problems[: limit if limit is not None else len(prompt_set)]
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    records: list[dict[str, Any]] = []
+    tokens = correct = 0
+    bar = _progress(progress, len(problems))
+    start = time.perf_counter()
+    try:
+        for b in range(0, len(problems), batch_size):
+            batch = problems[b: b + batch_size]
+            prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in batch]
+            completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, device)
+            for problem, (completion, stopped) in zip(batch, completions, strict=True):
+                text = tokenizer.decode(completion, skip_special_tokens=True)
+                ok, reward = _is_correct(reward_fn, text, problem)
+                tokens += len(completion)
+                correct += int(ok)
+                records.append({"index": problem.index, "correct": ok, "reward": reward, "tokens": len(completion),
+                                "stopped": stopped, "completion": text[:COMPLETION_CHARS]})
+            if bar is not None:
+                bar.update(bar.task_ids[0], advance=len(batch), acc=correct / len(records))
+    finally:
+        if bar is not None:
+            bar.stop()
+        if was_training:
+            model.train()
+    seconds = time.perf_counter() - start
+    n = len(records)
+    return {
+        "task": prompt_set.id,
+        "accuracy": correct / n if n else 0.0,
+        "n": n,
+        "correct": correct,
+        "seconds": seconds,
+        "generated_tokens": tokens,
+        "tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "truncated": sum(1 for r in records if not r["stopped"]),
+        "records": records,
+    }

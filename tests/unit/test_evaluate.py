@@ -1,0 +1,130 @@
+"""Greedy evaluation: exact numbers on a scripted model, consistency on a tiny random Llama."""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from swarm_node.evaluate import evaluate, left_pad, trim_completion
+from swarm_node.tasks import Problem, PromptSet, render_prompt
+from swarm_node.tasks.rewards import CorrectnessReward
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    chars = sorted(set(string.printable) - set("\x0b\x0c"))
+    specials = ["<pad>", "<|im_start|>", "<|im_end|>", "<unk>"]
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
+                                  additional_special_tokens=["<|im_start|>"])
+    tok.chat_template = CHATML
+    return tok
+
+
+def prompt_set(n: int) -> PromptSet:
+    return PromptSet(id="test-set", answer_kind="number",
+                     problems=tuple(Problem(i, f"What is {i} plus {i}?", str(2 * i)) for i in range(n)))
+
+
+class ScriptedModel:
+    """Stands in for a causal LM: `generate` appends a fixed completion per prompt (by prompt text)."""
+
+    def __init__(self, tok: PreTrainedTokenizerFast, replies: dict[str, str], stop: dict[str, bool]) -> None:
+        self.tok, self.replies, self.stop = tok, replies, stop
+        self.training = True
+        self.generation_config = type("G", (), {"eos_token_id": tok.eos_token_id})()
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def eval(self) -> None:
+        self.training = False
+
+    def train(self, mode: bool = True) -> None:
+        self.training = mode
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
+        assert kw["do_sample"] is False
+        self.seen.append((input_ids, attention_mask))
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+            prompt = self.tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+            question = next(q for q in self.replies if q in prompt)
+            out = self.tok(self.replies[question], add_special_tokens=False)["input_ids"]
+            out = out + ([self.tok.eos_token_id] if self.stop[question] else [])
+            rows.append(out[: kw["max_new_tokens"]])
+        width = max(len(r) for r in rows)
+        pad = self.tok.pad_token_id
+        new = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+        return torch.cat([input_ids, new], dim=1)
+
+
+def test_helpers_pad_and_trim() -> None:
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert trim_completion([4, 5, 2, 0, 0], [2]) == ([4, 5, 2], True)
+    assert trim_completion([4, 5, 6], [2]) == ([4, 5, 6], False)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_scripted_model_gives_exact_accuracy(progress: bool) -> None:
+    tok = char_tokenizer()
+    ps = prompt_set(5)
+    replies = {p.question: f"{p.question} is \\boxed{{{p.answer if p.index % 2 == 0 else 99}}}" for p in ps.problems}
+    stop = {p.question: p.index != 4 for p in ps.problems}
+    model = ScriptedModel(tok, replies, stop)
+    reward = CorrectnessReward("number", format_reward=0.5)
+    out = evaluate(model, tok, ps, reward, limit=5, batch_size=2, max_new_tokens=64, progress=progress)
+    assert (out["n"], out["correct"]) == (5, 3) and out["accuracy"] == pytest.approx(0.6)
+    assert [r["correct"] for r in out["records"]] == [True, False, True, False, True]
+    assert [r["reward"] for r in out["records"]] == [1.5, 0.5, 1.5, 0.5, 1.5]  # the bonus never makes it correct
+    assert out["records"][1]["completion"] == "What is 1 plus 1? is \\boxed{99}"  # no pad or eos text
+    assert [r["stopped"] for r in out["records"]] == [True, True, True, True, False] and out["truncated"] == 1
+    assert out["records"][0]["tokens"] == len(replies[ps.problems[0].question]) + 1  # eos counted
+    assert out["generated_tokens"] == sum(r["tokens"] for r in out["records"])
+    assert out["tokens_per_s"] > 0 and out["task"] == "test-set"
+    assert model.training  # restored
+    ids, mask = model.seen[0]  # left padding: real tokens flush right, exactly the rendered prompt
+    for row in range(2):
+        prompt = render_prompt(tok, ps.problems[row].question)
+        assert ids[row, -len(prompt):].tolist() == prompt and mask[row].sum() == len(prompt)
+        assert mask[row, -1] == 1
+    assert len(model.seen) == 3  # batches of 2, 2, 1
+    assert evaluate(model, tok, ps, reward, limit=2, batch_size=4, max_new_tokens=64, progress=False)["n"] == 2
+
+
+@pytest.fixture
+def one_thread() -> Any:
+    """Tiny models run fastest single-threaded on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
+    torch.manual_seed(0)
+    tok = char_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
+    model = LlamaForCausalLM(cfg)
+    ps = prompt_set(5)
+    reward = CorrectnessReward("number")
+    a = evaluate(model, tok, ps, reward, batch_size=3, max_new_tokens=6, progress=False)
+    b = evaluate(model, tok, ps, reward, batch_size=1, max_new_tokens=6, progress=False)
+    assert a["n"] == 5 and 0 <= a["correct"] <= 5
+    assert a["accuracy"] == pytest.approx(sum(r["correct"] for r in a["records"]) / 5)
+    assert [reward.score(r["completion"], p).correct for r, p in zip(a["records"], ps.problems, strict=True)] == \
+        [r["correct"] for r in a["records"]]
+    assert all(1 <= r["tokens"] <= 6 for r in a["records"])
+    assert [r["completion"] for r in a["records"]] == [r["completion"] for r in b["records"]]  # padding-invariant
