@@ -64,6 +64,7 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     else:
         prompt_set = load_prompt_set(cfg.task)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
+    close_hooks.append(reward_fn.close)  # its time-bounded worker process
 
     sinks: list = []
     if cfg.metrics.jsonl:
@@ -161,9 +162,12 @@ def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size
     if checkpoint is not None:
         load_weights(checkpoint, policy)
     prompt_set = load_prompt_set(cfg.task)
-    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
-    return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
-                    max_new_tokens=max_new_tokens, device=policy.device, progress=progress)
+    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
+    try:
+        return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
+                        max_new_tokens=max_new_tokens, device=policy.device, progress=progress)
+    finally:
+        reward_fn.close()
 
 
 def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
