@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -43,6 +44,10 @@ def _peer_overrides(peers: list[str] | None) -> list[str]:
 
 
 def _run_node(cfg: NodeConfig, verbose: bool) -> None:
+    if cfg.generation.backend == "vllm":
+        # vLLM on CPU pins torch to one thread for the whole process unless OMP_NUM_THREADS is set,
+        # which would leave the trainer single-threaded.
+        os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     from swarm_node.assemble import run_node
 
     _setup_logging(verbose)
