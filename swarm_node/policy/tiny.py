@@ -1,0 +1,128 @@
+"""Tiny random Llama-style models and byte-level tokenizers, built in code (no hub), for tests.
+
+A spec `tiny-random:<hidden>x<layers>[:<variant>[:<seed>]]` names one model exactly: the same
+spec always gives the same weights and the same tokenizer, so two test nodes naming the same spec
+hold the same model. Tokenizer variants have different vocabularies (hence different
+fingerprints), so tests can pair nodes with matching and non-matching tokenizers:
+
+    a: 3 special tokens (ids 0-2), then the 256 byte-level tokens                (259 tokens)
+    b: the 256 byte-level tokens, 100 merged digit pairs "00".."99", then specials (359 tokens)
+
+Both have a ChatML-like chat template and `<|im_end|>` as the eos token. Head dim is 32 (vLLM
+needs >= 32), so hidden must be a multiple of 32. Random init gives a near-uniform next-token
+distribution, under which eos would almost never be sampled; `build_tiny_model` adds a shared
+direction to every input embedding and points the eos output row along it, so sampled
+completions stop after a few dozen tokens on average and tests see both finish reasons.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+PREFIX = "tiny-random:"
+HEAD_DIM = 32
+SPECIALS = ("<|pad|>", "<|im_start|>", "<|im_end|>")
+VARIANTS = ("a", "b")
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(?::([a-z]))?(?::(\d+))?$")
+EOS_STRENGTH = 3.0  # eos logit scale along the shared direction (tuned: half of samples stop within ~35 tokens)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    hidden: int
+    layers: int
+    variant: str = "a"
+    seed: int = 0
+
+    @property
+    def dir_name(self) -> str:
+        """A file-system-safe name; bump the suffix when the construction below changes."""
+        return f"tiny-{self.hidden}x{self.layers}-{self.variant}-s{self.seed}-v1"
+
+
+def is_tiny_spec(name: str) -> bool:
+    return name.startswith(PREFIX)
+
+
+def parse_tiny_spec(name: str) -> TinySpec:
+    """Parse `tiny-random:<hidden>x<layers>[:<variant>[:<seed>]]`; raises ValueError if malformed."""
+    m = _SPEC_RE.match(name)
+    if m is None:
+        raise ValueError(f"bad tiny model spec {name!r}: expected tiny-random:<hidden>x<layers>[:<a|b>[:<seed>]]")
+    hidden, layers = int(m.group(1)), int(m.group(2))
+    variant, seed = m.group(3) or "a", int(m.group(4) or 0)
+    if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:
+        raise ValueError(f"tiny model hidden size must be a multiple of {HEAD_DIM} in [32, 4096], got {hidden}")
+    if not 1 <= layers <= 64:
+        raise ValueError(f"tiny model layers must be in [1, 64], got {layers}")
+    if variant not in VARIANTS:
+        raise ValueError(f"tiny tokenizer variant must be one of {VARIANTS}, got {variant!r}")
+    return TinySpec(hidden, layers, variant, seed)
+
+
+def build_tiny_tokenizer(variant: str) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (any text encodes; decode(encode(s)) == s) built in code."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 printable stand-ins for bytes
+    merges: list[tuple[str, str]] = []
+    if variant == "a":
+        vocab = {tok: i for i, tok in enumerate([*SPECIALS, *alphabet])}
+    elif variant == "b":
+        pairs = [f"{x}{y}" for x in "0123456789" for y in "0123456789"]
+        merges = [(p[0], p[1]) for p in pairs]
+        vocab = {tok: i for i, tok in enumerate([*alphabet, *pairs, *SPECIALS])}
+    else:
+        raise ValueError(f"unknown tiny tokenizer variant {variant!r}")
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIALS))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>", bos_token="<|im_start|>",
+        model_max_length=4096,
+    )
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+    """A randomly initialised float32 Llama, deterministic in `spec` (forks the torch RNG)."""
+    heads = spec.hidden // HEAD_DIM
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        intermediate_size=2 * spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2) if heads % 2 == 0 else heads,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.05,
+        architectures=["LlamaForCausalLM"],
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1_000_003 * spec.seed + 7919 * spec.hidden + spec.layers)
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            emb = model.get_input_embeddings().weight  # [V, H]
+            direction = torch.randn(spec.hidden)
+            direction /= direction.norm()
+            emb += 0.2 * direction  # every token carries the direction through the residual stream
+            head = model.get_output_embeddings().weight  # [V, H]
+            head[tokenizer.eos_token_id] = EOS_STRENGTH * direction
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model.eval()

@@ -1,0 +1,205 @@
+"""One training step over own plus peer samples: advantages, F-TIS objective, AdamW update.
+
+`Trainer.step(samples)`:
+  1. groups samples by `group_key` and computes advantages over the *full* groups
+     (`objective.group_advantages`), and per-sample weights over the whole batch
+     (`objective.sample_weights`), so micro-batch losses add up to the batch loss;
+  2. for each of `epochs_per_batch` epochs: scores every micro-batch with gradient
+     (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
+     last micro-batch clips the gradient norm and takes one AdamW step.
+     `step_start_logprobs` (pi_theta_old, read by the KL filter and the PPO ratio) are the
+     first epoch's trainer logprobs, detached: the weights have not moved yet at that point, so no
+     separate no-grad pass is needed;
+  3. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
+     schedule is a pure function of `step_count`, which is all its state.
+An epoch whose samples are all filtered (no token can carry gradient) skips the optimizer step but
+the step still counts. Non-finite losses or gradients raise instead of corrupting the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from swarm_node.config import ObjectiveConfig, TrainConfig
+from swarm_node.objective import ObjectiveInputs, ObjectiveStats, group_advantages, objective_loss, sample_weights
+from swarm_node.policy.models import Policy
+from swarm_node.policy.scoring import padded_batch, token_logprobs
+from swarm_node.policy.types import TrainSample
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of `cfg.learning_rate` at optimizer step `step` (0-based)."""
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    span = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    if cfg.schedule == "linear":
+        return 1.0 - progress
+    if cfg.schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown schedule {cfg.schedule!r}")
+
+
+@dataclass
+class _Batch:
+    """A step's samples as tensors on the model's device (B samples)."""
+
+    prompts: list[Tensor]  # B x [P_i] long
+    completions: list[Tensor]  # B x [T_i] long
+    generator_logprobs: list[Tensor]  # B x [T_i] float32
+    advantages: Tensor  # [B]
+    weights: Tensor  # [B] float64
+    is_peer: Tensor  # [B] bool
+    order: list[int]  # sample indices sorted by length (micro-batches of similar length)
+
+
+class Trainer:
+    """Owns the optimizer of `policy`'s trainable parameters and applies `step` to sample batches."""
+
+    def __init__(self, policy: Policy, train_cfg: TrainConfig, objective_cfg: ObjectiveConfig,
+                 temperature: float) -> None:
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.policy = policy
+        self.cfg = train_cfg
+        self.objective_cfg = objective_cfg
+        self.temperature = float(temperature)
+        self.params = [p for _, p in policy.trainable_parameters()]
+        if not self.params:
+            raise ValueError(f"model {policy.model_id!r} has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.params, lr=train_cfg.learning_rate, betas=tuple(train_cfg.betas),
+                                           weight_decay=train_cfg.weight_decay)
+        self.step_count = 0
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next step uses."""
+        return self.cfg.learning_rate * lr_factor(self.step_count, self.cfg)
+
+    def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One optimisation step on `samples`; returns flat metrics (see module docstring)."""
+        lr = self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        first = {"loss": 0.0, "grad_norm": 0.0}
+        stats = ObjectiveStats.empty()
+        optimizer_steps = 0
+        model = self.policy.model
+        was_training = model.training
+        model.train()
+        try:
+            batch = self._prepare(samples)
+            step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
+            for epoch in range(self.cfg.epochs_per_batch if samples else 0):
+                loss, stats = self._accumulate(batch, step_start, first_epoch=epoch == 0)
+                grad_norm, stepped = self._apply(stats)
+                optimizer_steps += int(stepped)
+                if epoch == 0:
+                    first = {"loss": loss, "grad_norm": grad_norm}
+        finally:
+            model.train(was_training)
+        self.step_count += 1
+        return {
+            **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
+            "optimizer_steps": float(optimizer_steps),
+            "skipped": float(optimizer_steps == 0),
+        }
+
+    def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
+        device = self.policy.device
+        keys: dict[str, int] = {}
+        group_ids = torch.tensor([keys.setdefault(s.group_key, len(keys)) for s in samples], dtype=torch.long,
+                                 device=device)  # [B]
+        rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float32, device=device)
+        lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long, device=device)
+        for s in samples:
+            if len(s.generator_logprobs) != len(s.completion_ids):
+                raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
+                                 f"{len(s.generator_logprobs)} generator logprobs")
+        ocfg = self.objective_cfg
+        return _Batch(
+            prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
+            completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
+            generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
+                                for s in samples],
+            advantages=group_advantages(rewards, group_ids, scale_by_std=ocfg.scale_by_std, eps=ocfg.advantage_eps),
+            weights=sample_weights(group_ids, lengths, ocfg.normalization),
+            is_peer=torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device),
+            order=sorted(range(len(samples)), key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids))),
+        )
+
+    def _accumulate(self, batch: _Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
+        """Forward + backward over every micro-batch; gradients accumulate in `.grad`.
+
+        In the first epoch, fills `step_start` with the detached trainer logprobs."""
+        self.optimizer.zero_grad(set_to_none=True)
+        stats = ObjectiveStats.empty()
+        total = 0.0
+        mbs = self.cfg.micro_batch_size
+        for start in range(0, len(batch.order), mbs):
+            idx = batch.order[start : start + mbs]
+            scored = token_logprobs(self.policy.model, [batch.prompts[i] for i in idx],
+                                    [batch.completions[i] for i in idx], self.temperature, len(idx))
+            if first_epoch:
+                for i, lp in zip(idx, scored, strict=True):
+                    step_start[i] = lp.detach()
+            trainer_lp, mask = padded_batch(scored)  # [b, T], [b, T]
+            index = torch.tensor(idx, device=trainer_lp.device)
+            inputs = ObjectiveInputs(
+                trainer_logprobs=trainer_lp,
+                step_start_logprobs=padded_batch([step_start[i] for i in idx])[0],
+                generator_logprobs=padded_batch([batch.generator_logprobs[i] for i in idx])[0],
+                mask=mask,
+                advantages=batch.advantages[index],
+                is_peer=batch.is_peer[index],
+                sample_weights=batch.weights[index],
+            )
+            loss, mb_stats = objective_loss(inputs, self.objective_cfg)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite loss {float(loss)} at step {self.step_count}")
+            if loss.requires_grad:
+                loss.backward()
+            stats.merge(mb_stats)
+            total += float(loss.detach())
+        return total, stats
+
+    def _apply(self, stats: ObjectiveStats) -> tuple[float, bool]:
+        """Clip and step; skipped (returns (0, False)) when no token carried gradient."""
+        if float(stats.n_active_tokens) == 0:
+            self.optimizer.zero_grad(set_to_none=True)
+            return 0.0, False
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, error_if_nonfinite=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm), True
+
+    # ---- persistence ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state and step count (the schedule is a function of the step count)."""
+        return {"optimizer": self.optimizer.state_dict(), "step_count": self.step_count,
+                "schedule": {"step_count": self.step_count}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_count = int(state["step_count"])
+
+
+def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
+    """Batch composition in `swarm_node.metrics` terms (peer_samples_used includes filtered ones)."""
+    own = [s for s in samples if not s.is_peer]
+    return {
+        "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
+        "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
+        "own_samples": float(len(own)),
+        "peer_samples_used": float(len(samples) - len(own)),
+        "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
+    }

