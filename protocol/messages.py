@@ -61,8 +61,34 @@ def _wire_array(value: Any, dtype: type, name: str) -> np.ndarray:
     return arr
 
 
-@dataclass(frozen=True, kw_only=True)
-class PromptRef:
+def _same_float(a: float, b: float) -> bool:
+    return a == b or (a != a and b != b)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Field equality that treats NaN as equal to NaN (a decoded message equals its original)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return _same_float(a, b)
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    return a == b
+
+
+class _WireEq:
+    """Equality over all dataclass fields with `_same`; wire messages are not hashable."""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PromptRef(_WireEq):
     """Which prompt a group answers. The receiver re-renders the prompt from its own copy of the set
     and compares `sha256` (lowercase hex of sha256 over the prompt text, UTF-8) before trusting it."""
 
@@ -71,8 +97,8 @@ class PromptRef:
     sha256: str  # 64 lowercase hex characters
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamplingParams:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SamplingParams(_WireEq):
     """How the completions were sampled; logprobs are under this (tempered, top-p) distribution."""
 
     temperature: float  # > 0, finite
@@ -112,12 +138,8 @@ class Completion:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _same_float(a: float, b: float) -> bool:
-    return a == b or (a != a and b != b)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutGroup:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RolloutGroup(_WireEq):
     """G completions of one prompt by one sender's model (vertical collaboration).
 
     Invariants (checked by validate): protocol_version supported; 1 <= len(completions) <= limit;
@@ -145,8 +167,8 @@ class RolloutGroup:
         return sum(int(c.token_ids.shape[0]) for c in self.completions)
 
 
-@dataclass(frozen=True, kw_only=True)
-class IndexEntry:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class IndexEntry(_WireEq):
     """Where one encoded RolloutGroup lives: the concatenation of the content-addressed chunks
     `chunk_digests` (sha256 hex, in order) is the encoding, `size` bytes long."""
 
@@ -160,8 +182,8 @@ class IndexEntry:
         object.__setattr__(self, "chunk_digests", _as_tuple(self.chunk_digests, "chunk_digests"))
 
 
-@dataclass(frozen=True, kw_only=True)
-class RolloutIndex:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RolloutIndex(_WireEq):
     """The small record a peer publishes under the per-window key (its own subkey)."""
 
     protocol_version: int = PROTOCOL_VERSION
@@ -173,8 +195,8 @@ class RolloutIndex:
         object.__setattr__(self, "entries", _as_tuple(self.entries, "entries"))
 
 
-@dataclass(frozen=True, kw_only=True)
-class NodeStatus:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class NodeStatus(_WireEq):
     """What observers read about a node. `metrics` holds finite floats under short keys (bounded
     count and key length, checked by validate); treat it as read-only."""
 
@@ -193,23 +215,9 @@ class NodeStatus:
             raise ProtocolError("metrics must be a dict")
         object.__setattr__(self, "metrics", dict(sorted(self.metrics.items())))
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, NodeStatus):
-            return NotImplemented
-        same = all(
-            getattr(self, f.name) == getattr(other, f.name) for f in fields(self) if f.name != "metrics"
-        )
-        return (
-            same
-            and self.metrics.keys() == other.metrics.keys()
-            and all(_same_float(v, other.metrics[k]) for k, v in self.metrics.items())
-        )
 
-    __hash__ = None  # type: ignore[assignment]
-
-
-@dataclass(frozen=True, kw_only=True)
-class PromptSetManifest:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PromptSetManifest(_WireEq):
     """A seeded prompt set: the operator signs `codec.manifest_signing_bytes(manifest)` (the
     encoding with an empty signature) with the key whose public part is `owner_public_key`."""
 
@@ -227,8 +235,8 @@ class PromptSetManifest:
         object.__setattr__(self, "chunk_digests", _as_tuple(self.chunk_digests, "chunk_digests"))
 
 
-@dataclass(frozen=True, kw_only=True)
-class PromptChunk:
+@dataclass(frozen=True, kw_only=True, eq=False)
+class PromptChunk(_WireEq):
     """A content-addressed slice of a prompt set: (index, question, answer) triples."""
 
     protocol_version: int = PROTOCOL_VERSION

@@ -10,9 +10,11 @@ fingerprints), so tests can pair nodes with matching and non-matching tokenizers
 
 Both have a ChatML-like chat template and `<|im_end|>` as the eos token. Head dim is 32 (vLLM
 needs >= 32), so hidden must be a multiple of 32. Random init gives a near-uniform next-token
-distribution, under which eos would almost never be sampled; `build_tiny_model` adds a shared
-direction to every input embedding and points the eos output row along it, so sampled
-completions stop after a few dozen tokens on average and tests see both finish reasons.
+distribution, under which eos would almost never be sampled; `build_tiny_model` points the eos
+output row along the model's mean final hidden state and scales it (by bisection on random
+inputs) so that eos has probability about EOS_PROBABILITY at a typical position, whatever the
+model's size: sampled completions stop after a few dozen tokens on average and tests see both
+finish reasons.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 _SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(?::([a-z]))?(?::(\d+))?$")
-EOS_STRENGTH = 3.0  # eos logit scale along the shared direction (tuned: half of samples stop within ~35 tokens)
+EOS_PROBABILITY = 1 / 25  # mean eos probability per position: completions stop after ~25 tokens on average
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class TinySpec:
     @property
     def dir_name(self) -> str:
         """A file-system-safe name; bump the suffix when the construction below changes."""
-        return f"tiny-{self.hidden}x{self.layers}-{self.variant}-s{self.seed}-v1"
+        return f"tiny-{self.hidden}x{self.layers}-{self.variant}-s{self.seed}-v2"
 
 
 def is_tiny_spec(name: str) -> bool:
@@ -93,6 +95,25 @@ def build_tiny_tokenizer(variant: str) -> PreTrainedTokenizerFast:
     return hf
 
 
+def _calibrate_eos(model: LlamaForCausalLM, probe: torch.Tensor, eos_id: int) -> None:
+    """Set the eos output row to a * u (u: unit mean final hidden state on `probe`) with `a` chosen
+    by bisection so that the mean eos probability over the probe's positions is EOS_PROBABILITY."""
+    with torch.no_grad():
+        hidden = model.model(probe).last_hidden_state  # [4, 24, H]
+        u = hidden.mean(dim=(0, 1))
+        u /= u.norm()
+        head = model.get_output_embeddings().weight  # [V, H]
+        head[eos_id] = 0.0
+        others = torch.logsumexp(model.lm_head(hidden), dim=-1)  # [4, 24], eos logit 0 included
+        proj = hidden @ u  # [4, 24], mostly positive: u is the mean direction
+        lo, hi = 0.0, 64.0
+        for _ in range(40):
+            a = (lo + hi) / 2
+            p_eos = torch.sigmoid(a * proj - others).mean()  # eos vs the rest, eos taken out approx.
+            lo, hi = (a, hi) if p_eos < EOS_PROBABILITY else (lo, a)
+        head[eos_id] = lo * u
+
+
 def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     """A randomly initialised float32 Llama, deterministic in `spec` (forks the torch RNG)."""
     heads = spec.hidden // HEAD_DIM
@@ -115,13 +136,8 @@ def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Llam
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(1_000_003 * spec.seed + 7919 * spec.hidden + spec.layers)
         model = LlamaForCausalLM(config)
-        with torch.no_grad():
-            emb = model.get_input_embeddings().weight  # [V, H]
-            direction = torch.randn(spec.hidden)
-            direction /= direction.norm()
-            emb += 0.2 * direction  # every token carries the direction through the residual stream
-            head = model.get_output_embeddings().weight  # [V, H]
-            head[tokenizer.eos_token_id] = EOS_STRENGTH * direction
+        probe = torch.randint(len(SPECIALS), len(tokenizer), (4, 24))  # [4, 24] random token ids
+        _calibrate_eos(model, probe, tokenizer.eos_token_id)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id

@@ -104,7 +104,10 @@ def test_local_swarm_status_dashboard_and_report(tmp_path):
     finally:
         if dash is not None:
             dash.send_signal(signal.SIGINT)
-            dash.wait(timeout=30)
+            try:
+                dash.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                dash.kill()
         local.send_signal(signal.SIGINT)  # Ctrl-C: every node finishes its step and checkpoints
         rc = local.wait(timeout=180)
     assert rc == 130, out.read_text(errors="replace")[-3000:]

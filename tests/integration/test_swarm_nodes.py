@@ -97,7 +97,9 @@ def test_three_heterogeneous_nodes_train_together(swarm):
 def test_other_tokenizer_is_skipped_with_reason(swarm):
     _, make = swarm
     odd = make("other-tokenizer", "tiny-random:64x1:b")
-    honest = make("honest-a", "tiny-random:64x1:a")
+    # Caps high enough that every fresh group in the swarm is fetched, the odd node's included.
+    honest = make("honest-a", "tiny-random:64x1:a",
+                  ["swarm.max_groups_per_peer=64", "swarm.max_peer_groups_per_step=256", "swarm.max_peer_fraction=1.0"])
     odd.run_step()
     m = honest.run_step()
     assert m.get("dropped_tokenizer_mismatch", 0) >= 1
