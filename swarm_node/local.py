@@ -152,6 +152,7 @@ def _stop_all(procs: list[NodeProc]) -> None:
 def run_local(*, nodes: int, steps: int, config: Path | None, run_dir: Path | None, overrides: list[str]) -> int:
     from swarm_node.assemble import start_transport
     from swarm_node.config import SwarmConfig
+    from swarm_node.observe import stop_on_signals
 
     console = Console()
     run_dir = Path(run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S"))
@@ -172,14 +173,13 @@ def run_local(*, nodes: int, steps: int, config: Path | None, run_dir: Path | No
         for i, node in enumerate(per_node):
             cfg = _node_config(shared, node, i, run_dir, steps, maddrs, overrides)
             procs.append(_start_node(cfg, node["name"]))
+        stop = stop_on_signals()  # Ctrl-C or SIGTERM: stop the nodes cleanly
         with Live(status_table(procs, steps), console=console, refresh_per_second=1) as live:
-            try:
-                while any(p.proc.poll() is None for p in procs):
-                    time.sleep(2.0)
-                    live.update(status_table(procs, steps))
-            except KeyboardInterrupt:
+            while any(p.proc.poll() is None for p in procs) and not stop.wait(2.0):
+                live.update(status_table(procs, steps))
+            if stop.is_set():
                 interrupted = True
-                console.print("Ctrl-C: stopping nodes (each finishes its step and checkpoints)...")
+                console.print("stopping nodes (each finishes its step and checkpoints)...")
                 _stop_all(procs)
             live.update(status_table(procs, steps))
     finally:

@@ -4,8 +4,9 @@ nothing, and read the nodes' status records."""
 from __future__ import annotations
 
 import json
+import signal
 import tempfile
-import time
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,14 @@ from rich.live import Live
 from rich.table import Table
 
 from swarm_node.config import SwarmConfig
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM (installed after the DHT starts, so it is ours)."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 class SwarmStatusSource:
@@ -85,13 +94,12 @@ def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, wa
         if not watch:
             console.print(render_table(status_rows(exchange.read_statuses(timeout=timeout)), transport.dht_time()))
             return
+        stop = stop_on_signals()
         with Live(console=console, refresh_per_second=1) as live:
-            while True:
+            while not stop.is_set():
                 rows = status_rows(exchange.read_statuses(timeout=timeout))
                 live.update(render_table(rows, transport.dht_time()))
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
+                stop.wait(interval)
     finally:
         transport.shutdown()
 
@@ -103,14 +111,12 @@ def run_dashboard(initial_peers: Sequence[str], swarm_id: str, *, host: str, por
     transport, exchange = connect_observer(initial_peers, swarm_id)
     server = DashboardServer(SwarmStatusSource(exchange, timeout=10.0), host=host, port=port,
                              poll_interval_s=poll_interval)
+    stop = stop_on_signals()
     try:
         server.start()
         print(f"dashboard: {server.url}", flush=True)
-        while True:
-            time.sleep(1.0)
+        while not stop.wait(1.0):
             server.check()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.stop()
         transport.shutdown()
