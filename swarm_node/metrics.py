@@ -6,12 +6,13 @@ the node loop (which fills the dict), `metrics.jsonl` (one JSON object per step)
 
 Counting conventions (all counts are *per step*, never cumulative):
   - `own_samples`: completions this node generated that entered the step's batch.
-  - `peer_samples`: peer completions fetched and validated this step (before the peer-share cap).
-  - `peer_samples_used`: peer completions that entered the batch (filtered ones included: a
-    filtered sample still counts in its group's mean/std, it just gets no gradient).
+  - `peer_samples`: peer completions that entered the step's batch (fetched, validated, under the
+    peer-share cap). Filtered ones are included: they still count in their group's mean/std.
+  - `peer_samples_used`: peer completions in the batch that carried gradient (not filtered).
+  - `samples`: the batch size, own_samples + peer_samples.
   - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
     sample is counted under the first reason that applies (non-positive advantage, then KL).
-  - `filtered_fraction`: all filtered samples / (own_samples + peer_samples_used).
+  - `filtered_fraction`: all filtered samples / samples.
   - `dropped_<reason>`: peer data rejected before training (malformed, stale, wrong tokenizer,
     ...). Reasons are open-ended short identifiers; Prometheus exports them as one labelled
     counter `swarm_node_dropped_total{reason="..."}`.
@@ -73,11 +74,11 @@ METRICS: dict[str, str] = {
     REWARD_MEAN: "Mean reward of this node's own completions in the step.",
     ACCURACY: "Fraction of own completions judged correct in the step.",
     OWN_SAMPLES: "Own completions in the step's batch.",
-    PEER_SAMPLES: "Peer completions fetched and validated in the step.",
-    PEER_SAMPLES_USED: "Peer completions that entered the step's batch (filtered ones included).",
+    PEER_SAMPLES: "Peer completions in the step's batch (filtered ones included).",
+    PEER_SAMPLES_USED: "Peer completions in the batch that carried gradient (not filtered).",
     FILTERED_NONPOSITIVE_ADVANTAGE: "Batch samples filtered for a non-positive advantage.",
     FILTERED_KL: "Batch samples filtered because KL(pi_theta || pi_gen) exceeded g.",
-    FILTERED_FRACTION: "Filtered samples / (own_samples + peer_samples_used).",
+    FILTERED_FRACTION: "Filtered samples / samples in the batch.",
     KL_MEAN: "Mean per-sample k3 KL(pi_theta || pi_gen) over the batch (unit: objective.kl_reduction).",
     KL_P50: "Median per-sample KL.",
     KL_P90: "90th percentile of per-sample KL.",
@@ -118,7 +119,7 @@ def dropped_counts(metrics: Mapping[str, float]) -> dict[str, float]:
 
 def filtered_fractions(metrics: Mapping[str, float]) -> dict[str, float]:
     """`{reason: fraction of the batch}` per filter reason; empty when the batch size is unknown or 0."""
-    batch = float(metrics.get(OWN_SAMPLES, 0.0)) + float(metrics.get(PEER_SAMPLES_USED, 0.0))
+    batch = float(metrics.get(OWN_SAMPLES, 0.0)) + float(metrics.get(PEER_SAMPLES, 0.0))
     if batch <= 0:
         return {}
     return {r: float(metrics[FILTERED_PREFIX + r]) / batch for r in FILTER_REASONS if FILTERED_PREFIX + r in metrics}

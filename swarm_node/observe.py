@@ -62,7 +62,7 @@ def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
             "peer_id": peer_id, "role": st.role, "model_id": st.model_id, "step": st.step,
             "timestamp": st.timestamp, "maddrs": list(st.maddrs),
             "reward": m.get("reward_mean"), "accuracy": m.get("accuracy"),
-            "peer_samples_used": m.get("peer_samples_used"), "filtered": m.get("filtered_samples"),
+            "peer_samples_used": m.get("peer_samples_used"), "filtered": m.get("filtered"),
             "tokens_per_s": m.get("tokens_per_s"), "metrics": dict(m),
         })
     return rows

@@ -194,12 +194,11 @@ class Trainer:
 
 
 def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
-    """Batch composition in `swarm_node.metrics` terms (peer_samples_used includes filtered ones)."""
+    """Batch composition in `swarm_node.metrics` terms (the objective reports peer_samples_used)."""
     own = [s for s in samples if not s.is_peer]
     return {
         "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
         "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
         "own_samples": float(len(own)),
-        "peer_samples_used": float(len(samples) - len(own)),
         "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
     }

@@ -25,7 +25,7 @@ def _status(peer, step, t, **metrics):
 def test_api_returns_the_fake_sources_data():
     src = FakeStatusSource([
         _status("peerA", 3, 100.0, reward_mean=0.5, accuracy=0.25, kl_mean=float("nan")),
-        _status("peerB", 7, 101.0, reward_mean=0.75, own_samples=8, peer_samples_used=8, filtered_kl=4),
+        _status("peerB", 7, 101.0, reward_mean=0.75, own_samples=8, peer_samples=8, filtered_kl=4),
     ])
     with DashboardServer(src, host="127.0.0.1", port=0, poll_interval_s=60) as dash:
         deadline = time.monotonic() + 5
@@ -41,7 +41,7 @@ def test_api_returns_the_fake_sources_data():
         assert peers["last_error"] is None
         hist = json.loads(_get(dash.url + "api/history")[2])["series"]
         assert hist["peerB"]["points"] == [{"step": 7, "t": 101.0, "reward_mean": 0.75, "own_samples": 8.0,
-                                            "peer_samples_used": 8.0, "filtered_kl": 4.0,
+                                            "peer_samples": 8.0, "filtered_kl": 4.0,
                                             "filtered_fraction_kl": 0.25}]
 
 

@@ -72,7 +72,7 @@ def test_dropped_and_filtered_helpers():
         m.dropped_name("bad reason!")
     assert m.dropped_counts({"dropped_stale": 2, "dropped_bad_tokenizer": 1.0, "loss": 3}) == {
         "stale": 2.0, "bad_tokenizer": 1.0}
-    fr = m.filtered_fractions({m.OWN_SAMPLES: 24, m.PEER_SAMPLES_USED: 8, m.FILTERED_KL: 4,
+    fr = m.filtered_fractions({m.OWN_SAMPLES: 24, m.PEER_SAMPLES: 8, m.FILTERED_KL: 4,
                                m.FILTERED_NONPOSITIVE_ADVANTAGE: 16})
     assert fr == {"nonpositive_advantage": 0.5, "kl": 0.125}
     assert m.filtered_fractions({m.FILTERED_KL: 3}) == {}
