@@ -117,8 +117,8 @@ def _last_metrics(node_dir: Path) -> dict[str, float]:
     return rows[-1] if rows else {}
 
 
-def status_table(procs: list[NodeProc], steps: int) -> Table:
-    table = Table(title=f"swarm-node local: {len(procs)} nodes, {steps} steps each")
+def status_table(procs: list[NodeProc], steps: int, title: str | None = None) -> Table:
+    table = Table(title=title or f"swarm-node local: {len(procs)} nodes, {steps} steps each")
     for col in ("node", "model", "step", "reward", "acc", "own", "peer", "peer used", "filtered adv/kl",
                 "dropped", "tok/s", "state"):
         table.add_column(col, justify="right" if col not in ("node", "model", "state") else "left")
@@ -192,7 +192,7 @@ def _summarise(console: Console, procs: list[NodeProc], run_dir: Path, seconds: 
     from swarm_node.report import write_report
 
     failed = [p for p in procs if p.proc.returncode != 0]
-    console.print(status_table(procs, 0))
+    console.print(status_table(procs, 0, title="swarm-node local: final state of every node"))
     report = write_report(run_dir)
     console.print(f"wall time {seconds:.0f}s; logs: {run_dir}/*/node.log; metrics: {run_dir}/*/metrics.jsonl")
     console.print(f"report and plots: {report}")
