@@ -229,8 +229,10 @@ def apply_override(data: dict[str, Any], item: str) -> None:
         raise ValueError(f"override {item!r} has an empty key part")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = raw
+    except tomllib.TOMLDecodeError as e:
+        if raw.strip()[:1] in ("\"", "'", "[", "{"):
+            raise ValueError(f"override {item!r}: the value is not valid TOML ({e})") from e
+        value = raw  # a bare word: taken as a string
     node = data
     for p in parts[:-1]:
         node = node.setdefault(p, {})
