@@ -70,6 +70,34 @@ def time_pair(runs: dict[str, Callable[[], None]], repeats: int, device: torch.d
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def trainer_step_times(model_name: str, batch: int, tokens: int, repeats: int) -> dict[str, float]:
+    """Median seconds of a whole `Trainer.step` (score, objective, backward, AdamW) under on-policy
+    GRPO and under F-TIS on the same samples (half of them from a peer), each variant on its own
+    copy of the model."""
+    import tempfile
+
+    import numpy as np
+
+    from swarm_node.config import ModelConfig, TrainConfig
+    from swarm_node.policy.models import load_policy
+    from swarm_node.policy.trainer import Trainer
+    from swarm_node.policy.types import TrainSample
+
+    cache = tempfile.mkdtemp(prefix="objective-bench-")
+    rng = np.random.default_rng(0)
+    trainers = {}
+    for name, variant in (("grpo", "grpo"), ("ftis", "f-tis")):
+        policy = load_policy(ModelConfig(name=model_name, device="cpu", cache_dir=cache))
+        trainers[name] = Trainer(policy, TrainConfig(micro_batch_size=8), ObjectiveConfig(variant=variant), 1.0)
+    vocab = len(trainers["grpo"].policy.tokenizer)
+    samples = [TrainSample(group_key=str(i // 8), prompt_ids=rng.integers(3, vocab, 16),
+                           completion_ids=rng.integers(3, vocab, tokens),
+                           generator_logprobs=-rng.exponential(5.0, tokens).astype(np.float32),
+                           reward=float(rng.integers(0, 2)), is_peer=i % 2 == 1)
+               for i in range(batch)]
+    return time_pair({k: (lambda t=t: t.step(samples)) for k, t in trainers.items()}, repeats, torch.device("cpu"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=32)
@@ -79,6 +107,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=1024, help="vocabulary of the small linear head")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--trainer-model", default="tiny-random:128x2",
+                        help="model for the whole-train-step comparison ('' to skip it)")
+    parser.add_argument("--trainer-repeats", type=int, default=3)
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -119,8 +150,13 @@ def main() -> None:
     with Timer() as to_dict_timer:
         stats_dict = stats.to_dict()
 
+    step = (trainer_step_times(args.trainer_model, args.batch, args.tokens, args.trainer_repeats)
+            if args.trainer_model else None)
     emit({
         "benchmark": "objective",
+        "train_step_s": {k: round(v, 4) for k, v in step.items()} if step else None,
+        "ftis_over_onpolicy_train_step": round(step["ftis"] / step["grpo"], 4) if step else None,
+        "train_step_model": args.trainer_model or None,
         "batch": args.batch, "tokens": args.tokens, "repeats": args.repeats, "device": str(device),
         "head": f"{args.hidden}x{args.vocab}",
         "objective_only_ms": {k: round(v * 1e3, 3) for k, v in only.items()},
