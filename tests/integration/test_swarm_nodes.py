@@ -7,7 +7,6 @@ writing raw records is counted and dropped while honest nodes keep training.
 
 from __future__ import annotations
 
-import hashlib
 
 import dataclasses
 import math
@@ -22,13 +21,12 @@ from protocol.messages import Completion, IndexEntry, RolloutGroup, RolloutIndex
 from swarm_node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
+from tests.fakes import hash_reward
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 SWARM = "itest-nodes"
 
 
-def parity_reward(text: str, problem) -> float:
-    return float(hashlib.sha256(text.encode()).digest()[0] % 2 == 0)
 
 
 def node_config(tmp: Path, name: str, model: str, extra: list[str] = ()) -> NodeConfig:
@@ -55,7 +53,7 @@ def swarm(tmp_path_factory):
         transport = start_transport(cfg.swarm, cfg.node_dir)
         parts, start = build_parts(cfg, transport=transport)
         parts.close_hooks.append(transport.shutdown)
-        parts.reward_fn = parity_reward
+        parts.reward_fn = hash_reward
         node = Node(parts, start_step=start)
         nodes.append(node)
         return node

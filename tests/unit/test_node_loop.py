@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 
 from pathlib import Path
 
@@ -15,14 +14,12 @@ from protocol.messages import IndexEntry, RolloutIndex
 from swarm_node.assemble import build_parts
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
+from tests.fakes import hash_reward
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 
 SWARM = "unit-swarm"
 
 
-def parity_reward(text: str, problem) -> float:
-    """Deterministic, mixed rewards for random tiny models: a hash bit of the completion text."""
-    return float(hashlib.sha256(text.encode()).digest()[0] % 2 == 0)
 
 
 def make_node(tmp_path: Path, swarm: MemorySwarm | None, name: str, *, model: str = "tiny-random:64x1:a",
@@ -37,7 +34,7 @@ def make_node(tmp_path: Path, swarm: MemorySwarm | None, name: str, *, model: st
         *extra])
     transport = MemoryTransport(swarm, peer_id=name) if swarm is not None else None
     parts, start = build_parts(cfg, transport=transport)
-    parts.reward_fn = parity_reward
+    parts.reward_fn = hash_reward
     return Node(parts, start_step=start)
 
 
