@@ -13,23 +13,16 @@ from protocol.messages import Completion, IndexEntry, NodeStatus, RolloutIndex
 from swarm_node.swarm.exchange import CHUNK_BYTES, RolloutExchange, owned_key_schedule
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.synthetic import synthetic_group
+from tests.fakes import Clock
 
 SWARM = "unit"
 WINDOW_S = 30.0
 T0 = 3_000_000.0  # DHT time at the start of window 100000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 @pytest.fixture

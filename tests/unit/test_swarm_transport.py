@@ -9,14 +9,7 @@ import pytest
 
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_digest
-
-
-class Clock:
-    def __init__(self, t: float = 1_000_000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.fakes import Clock
 
 
 @pytest.fixture
