@@ -5,8 +5,9 @@
   pipe buffer (any large value passed to `store`) fails with `BlockingIOError` and then `EOFError`.
   Its `run()` wraps the pipe so every `recv()` first sets the descriptor back to blocking. It also
   shuts the DHT down when the parent process dies (kill -9), so a restarted node can reuse its
-  identity without an orphan daemon answering for it.
-* Validators (validators.py): hivemind's `RSASignatureValidator` (owned subkeys
+  identity without an orphan daemon answering for it, and makes hivemind's PeerID encode base58
+  lazily (the eager encoding was the largest single CPU cost of a busy DHT process).
+* Validators (validators.py): hivemind's `RSASignatureValidator` (verdicts cached; owned subkeys
   `[owner:<public key>]`, signed with the node's identity key), a pydantic.v1 `SchemaValidator`
   on the index and status keys, and `SwarmRecordValidator` (owned subkeys only, blobs under the
   hash of their own bytes).
@@ -28,10 +29,10 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from functools import partial
 from typing import Any
 
+import base58
 import hivemind
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import RecordValidatorBase
-from hivemind.p2p import P2PDaemonError
+from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils import get_dht_time
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.multiaddr import exceptions as maddr_errors
@@ -53,6 +54,7 @@ from swarm_node.swarm.transport import (
     is_digest,
 )
 from swarm_node.swarm.validators import (
+    CachedRSASignatureValidator,
     OwnedKeySchedule,
     ScheduledKeySchemaValidator,
     SwarmRecordValidator,
@@ -90,12 +92,35 @@ class _BlockingRecvPipe:
         return getattr(self._conn, name)
 
 
+def _lazy_peer_id_base58() -> None:
+    """Make hivemind's PeerID encode its base58 form on first use instead of in `__init__`.
+
+    The DHT builds a PeerID for every neighbour listed in every find response and rarely prints
+    one; the eager base58 encoding was the largest single cost (~14% of CPU) of a busy DHT
+    process. Same values, same methods; applied inside the DHT process only.
+    """
+
+    def __init__(self: PeerID, peer_id_bytes: bytes) -> None:
+        self._bytes = peer_id_bytes
+        self._b58_str = None
+
+    def to_base58(self: PeerID) -> str:
+        if self._b58_str is None:
+            self._b58_str = base58.b58encode(self._bytes).decode()
+        return self._b58_str
+
+    PeerID.__init__ = __init__
+    PeerID.to_base58 = to_base58
+
+
 class PipeFixedDHT(hivemind.DHT):
-    """hivemind.DHT with the large-message pipe fix and a parent-death watchdog (see module doc)."""
+    """hivemind.DHT with the large-message pipe fix, a parent-death watchdog and lazy peer-id
+    encoding (see module doc)."""
 
     parent_check_interval = 1.0
 
     def run(self) -> None:
+        _lazy_peer_id_base58()
         self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
@@ -181,7 +206,7 @@ class HivemindTransport(Transport):
         self.traffic: Counter = Counter()
         self._initial_peers = check_initial_peers(initial_peers)
         validators: list[RecordValidatorBase] = [
-            RSASignatureValidator(identity.private_key),
+            CachedRSASignatureValidator(identity.private_key),
             SwarmRecordValidator(swarm_id),
         ]
         if owned_keys is not None:
@@ -201,6 +226,10 @@ class HivemindTransport(Transport):
             wait_timeout=wait_timeout,
             num_replicas=num_replicas,
             cache_nearest=cache_nearest,
+            # A node reads each chunk once and needs fresh indexes: a local cache would only serve
+            # stale indexes and trigger background refresh traffic.
+            cache_locally=False,
+            cache_on_store=False,
             startup_timeout=startup_timeout,
         )
         self._dht = self._start(kwargs, startup_timeout, start_attempts)
@@ -343,16 +372,34 @@ class HivemindTransport(Transport):
         A blob no peer accepted in time is counted in `traffic["store_failures"]` (peers that
         later miss it count a `missing` drop); this is network weather, not an error.
         """
+        digests, _ = self._put(blobs, None, expiration_time, timeout)
+        return digests
+
+    def put_blobs_and_owned(self, blobs: Sequence[bytes], key: str, value: bytes, expiration_time: float,
+                            timeout: float = 10.0) -> bool:
+        """Blobs and one owned record in a single store batch: one traversal, one deadline."""
+        _, owned_ok = self._put(blobs, (key, value), expiration_time, timeout)
+        return bool(owned_ok)
+
+    def _put(self, blobs: Sequence[bytes], owned: tuple[str, bytes] | None, expiration_time: float,
+             timeout: float) -> tuple[list[str], bool | None]:
         self._check_open()
         now = self.dht_time()
         digests = [check_blob_put(data, expiration_time, now) for data in blobs]
         unique = dict(zip(digests, blobs))
-        if unique:
-            self._store_many([keys.chunk_key(self.swarm_id, d) for d in unique], list(unique.values()),
-                             [None] * len(unique), expiration_time, timeout)
+        batch_keys = [keys.chunk_key(self.swarm_id, d) for d in unique]
+        values, subkeys = list(unique.values()), [None] * len(unique)
+        if owned is not None:
+            check_owned_value(owned[1], expiration_time, now)
+            batch_keys.append(owned[0])
+            values.append(owned[1])
+            subkeys.append(self._subkey)
+            self.traffic["bytes_out"] += len(owned[1])
+            self.traffic["records_stored"] += 1
+        ok = self._store_many(batch_keys, values, subkeys, expiration_time, timeout) if batch_keys else {}
         self.traffic["bytes_out"] += sum(len(b) for b in unique.values())
         self.traffic["blobs_stored"] += len(unique)
-        return digests
+        return digests, (ok[owned[0]] if owned is not None else None)
 
     def get_blobs(self, digests: Sequence[str], timeout: float) -> BlobFetch:
         self._check_open()

@@ -139,24 +139,21 @@ class RolloutExchange:
                                       policy_version=group.policy_version, created_at=group.created_at))
             total_bytes += len(data)
             total_tokens += group.num_tokens
-        self._put_blobs(blobs, expiration)
         merged = (self._published.get(window, []) + entries)[-MAX_INDEX_ENTRIES:]
         self._published[window] = merged
-        self._store_index(window, merged, expiration)
+        # Chunks and the index that lists them go out in one batch (one DHT traversal).
+        self._store_index(window, merged, expiration, blobs)
         return total_bytes / total_tokens if total_tokens else 0.0
 
-    def _put_blobs(self, blobs: list[bytes], expiration: float) -> None:
-        if blobs:
-            self.transport.put_blobs(blobs, expiration, self.store_timeout)
-
-    def _store_index(self, window: int, entries: list[IndexEntry], expiration: float) -> bool:
+    def _store_index(self, window: int, entries: list[IndexEntry], expiration: float,
+                     blobs: Sequence[bytes] = ()) -> bool:
         index = RolloutIndex(sender=self.transport.peer_id, window=window, entries=tuple(entries))
         data = codec.encode(index)
         while len(data) > MAX_RECORD_BYTES and len(entries) > 1:  # very long digests lists: keep newest
             entries = entries[len(entries) // 4 or 1:]
             data = codec.encode(RolloutIndex(sender=self.transport.peer_id, window=window, entries=tuple(entries)))
-        return self.transport.store_owned(keys.rollout_index_key(self.swarm_id, window), data, expiration,
-                                          self.store_timeout)
+        return self.transport.put_blobs_and_owned(blobs, keys.rollout_index_key(self.swarm_id, window), data,
+                                                  expiration, self.store_timeout)
 
     def republish(self, current_window: int, staleness_windows: int) -> int:
         """Re-store own indexes and chunks of windows that still matter; forget older ones.
@@ -169,9 +166,9 @@ class RolloutExchange:
         for d in [d for d, w in self._blob_window.items() if w < oldest]:
             del self._blob_window[d], self._blobs[d]
         expiration = self.transport.dht_time() + self.record_ttl_s
-        self._put_blobs(list(self._blobs.values()), expiration)
-        for w, entries in self._published.items():
-            self._store_index(w, entries, expiration)
+        for w, entries in self._published.items():  # chunks and their window's index in one batch
+            blobs = [self._blobs[d] for d, bw in self._blob_window.items() if bw == w]
+            self._store_index(w, entries, expiration, blobs)
         return len(self._published)
 
     def publish_status(self, status: NodeStatus) -> bool:

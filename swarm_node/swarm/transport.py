@@ -150,6 +150,14 @@ class Transport(ABC):
         """Store several blobs (implementations batch them under one deadline); digests in order."""
         return [self.put_blob(b, expiration_time, timeout) for b in blobs]
 
+    def put_blobs_and_owned(self, blobs: Sequence[bytes], key: str, value: bytes, expiration_time: float,
+                            timeout: float = 10.0) -> bool:
+        """Store `blobs`, then `value` in this node's subkey of `key` (e.g. chunks, then the index
+        that lists them); returns what `store_owned` returns. Implementations may do both in one
+        batch (one DHT traversal) under one deadline."""
+        self.put_blobs(blobs, expiration_time, timeout)
+        return self.store_owned(key, value, expiration_time, timeout)
+
     @abstractmethod
     def get_blobs(self, digests: Sequence[str], timeout: float) -> BlobFetch:
         """Fetch several blobs concurrently under one deadline; each is hash-checked.

@@ -5,20 +5,29 @@ subkey must be owned (`[owner:<RSA public key>]`, signed by that key) and hold b
 size; a record without a subkey must be a content-addressed blob stored under
 `keys.chunk_key(swarm_id, sha256(value))`; the keys a schedule declares owned-only (index and
 status keys) are additionally checked against a pydantic.v1 schema (`SchemaValidator`).
+
+Verdicts are cached (`VerdictCache`): a reader receives the same signed index record from every
+replica it asks, on every read, and replicas see each store again on every republish. Checking
+the RSA signature and the schema once per distinct record (key, subkey, value, expiration) keeps
+the DHT process's CPU for serving requests; both checks are pure functions of the record (the
+schema check of the record together with whether its key is scheduled as owned-only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
 import pydantic.v1 as pydantic_v1
+from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils import get_dht_time
 
 from protocol import keys
@@ -29,6 +38,47 @@ logger = logging.getLogger(__name__)
 
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
 OwnedKeySchedule = Callable[[float], Iterable[str]]
+
+
+class VerdictCache:
+    """A bounded map from a record (by its fields and a digest of its value) to a validation verdict.
+
+    Emptied when full (records are short-lived, so old verdicts are rarely needed again).
+    """
+
+    def __init__(self, max_entries: int = 16384) -> None:
+        self.max_entries = max_entries
+        self._verdicts: dict[tuple, bool] = {}
+        self.hits = 0
+
+    @staticmethod
+    def record_id(record: DHTRecord) -> tuple:
+        digest = hashlib.blake2b(record.value, digest_size=16).digest()
+        return (record.key, record.subkey, record.expiration_time, digest)
+
+    def verdict(self, record_id: tuple, check: Callable[[], bool]) -> bool:
+        known = self._verdicts.get(record_id)
+        if known is not None:
+            self.hits += 1
+            return known
+        if len(self._verdicts) >= self.max_entries:
+            self._verdicts.clear()
+        self._verdicts[record_id] = result = bool(check())
+        return result
+
+
+class CachedRSASignatureValidator(RSASignatureValidator):
+    """hivemind's RSASignatureValidator, verifying each distinct signed record once."""
+
+    def __init__(self, private_key: RSAPrivateKey | None = None) -> None:
+        super().__init__(private_key)
+        self._cache = VerdictCache()
+
+    def validate(self, record: DHTRecord) -> bool:
+        if b"[owner:" not in record.key and b"[owner:" not in (record.subkey or b""):
+            return True  # not a protected record (the base class would find no public key)
+        check = super().validate
+        return self._cache.verdict(VerdictCache.record_id(record), lambda: check(record))
 
 
 class OwnedBytesSchema(pydantic_v1.BaseModel):
@@ -48,6 +98,7 @@ class ScheduledKeySchemaValidator(SchemaValidator):
         super().__init__(OwnedBytesSchema, allow_extra_keys=True)
         self._schedule = schedule
         self._refreshed_at = -1.0
+        self._cache = VerdictCache()
 
     def validate(self, record: DHTRecord) -> bool:
         now = get_dht_time()
@@ -56,7 +107,10 @@ class ScheduledKeySchemaValidator(SchemaValidator):
                 DHTID.generate(source=key).to_bytes(): "owned" for key in self._schedule(now)
             }
             self._refreshed_at = now
-        return super().validate(record)
+        if record.key not in self._key_id_to_field_name:
+            return True  # not an owned-only key: the schema has nothing to say (allow_extra_keys)
+        check = super().validate
+        return self._cache.verdict(VerdictCache.record_id(record), lambda: check(record))
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False  # keep the schedule semantics separate from other schema validators

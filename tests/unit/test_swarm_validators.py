@@ -15,7 +15,11 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 
 from protocol import keys  # noqa: E402
-from swarm_node.swarm.validators import ScheduledKeySchemaValidator, SwarmRecordValidator  # noqa: E402
+from swarm_node.swarm.validators import (  # noqa: E402
+    CachedRSASignatureValidator,
+    ScheduledKeySchemaValidator,
+    SwarmRecordValidator,
+)
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, blob_digest  # noqa: E402
 
 SWARM = "unit-swarm"
@@ -29,7 +33,7 @@ def keys_pair() -> tuple[RSAPrivateKey, RSAPrivateKey]:
 
 def _validator(key: RSAPrivateKey) -> CompositeValidator:
     schedule = lambda now: [keys.status_key(SWARM)]  # noqa: E731
-    return CompositeValidator([RSASignatureValidator(key), SwarmRecordValidator(SWARM),
+    return CompositeValidator([CachedRSASignatureValidator(key), SwarmRecordValidator(SWARM),
                                ScheduledKeySchemaValidator(schedule)])
 
 
@@ -91,3 +95,38 @@ def test_blob_must_sit_under_its_own_hash(keys_pair) -> None:
     other_swarm = _record(keys.chunk_key("elsewhere", blob_digest(data)), None, data)
     assert not v.validate(other_swarm)
     assert not v.validate(_record(keys.chunk_key(SWARM, blob_digest(data)), None, [1, 2, 3]))
+
+
+def test_verdicts_are_cached_per_distinct_record(keys_pair, monkeypatch) -> None:
+    from hivemind.utils.crypto import RSAPublicKey
+
+    mine, theirs = keys_pair
+    v, reader = _validator(mine), _validator(theirs)
+    owner = RSASignatureValidator(mine).local_public_key
+    rec = _signed(v, _record(keys.status_key(SWARM), owner, b"status-bytes"))
+    calls = []
+    real_verify = RSAPublicKey.verify
+    monkeypatch.setattr(RSAPublicKey, "verify", lambda self, data, sig: calls.append(1) or real_verify(self, data, sig))
+    assert reader.validate(rec) and reader.validate(rec) and reader.validate(rec)
+    assert len(calls) == 1  # the same signed record from three replicas: one RSA verification
+    # A different value, subkey or expiration is a different record: checked afresh, and rejected.
+    tampered = dataclasses.replace(rec, value=rec.value.replace(b"status", b"statuz"))
+    later = dataclasses.replace(rec, expiration_time=rec.expiration_time + 1)
+    assert not reader.validate(tampered) and not reader.validate(tampered)
+    assert not reader.validate(later)
+    assert len(calls) == 3
+
+
+def test_schema_verdict_follows_the_schedule(keys_pair) -> None:
+    mine, _ = keys_pair
+    owned_now = {"on": True}
+    schedule = lambda now: [keys.status_key(SWARM)] if owned_now["on"] else []  # noqa: E731
+    schema = ScheduledKeySchemaValidator(schedule)
+    v = CompositeValidator([CachedRSASignatureValidator(mine), SwarmRecordValidator(SWARM), schema])
+    owner = RSASignatureValidator(mine).local_public_key
+    bad = _signed(v, _record(keys.status_key(SWARM), owner, "not bytes"))
+    assert not schema.validate(bad)
+    assert not schema.validate(bad)  # cached rejection
+    owned_now["on"] = False
+    schema._refreshed_at = -1.0  # force the once-a-second schedule refresh
+    assert schema.validate(bad)  # no longer a scheduled key: the schema has nothing to say
