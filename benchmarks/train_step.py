@@ -92,6 +92,9 @@ def run_ours(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "logprob_mismatch_mean": statistics.fmean(r["mismatch_mean"] for r in timed),
         "logprob_mismatch_max": max(r["mismatch_max"] for r in timed),
         "reward_mean": statistics.fmean(r["reward_mean"] for r in runs),
+        # Samples without gradient (advantage 0: a group whose completions all scored the same) are
+        # not scored by our trainer; TRL runs them through forward and backward.
+        "zero_advantage_fraction": statistics.fmean(r["skipped_fraction"] for r in timed),
         "warmup_s": sum(r["generate_s"] + r["train_step_s"] + r["sync_s"] for r in runs[: args.warmup]),
         "backend": args.backend,
         "trainable_params": sum(p.numel() for _, p in policy.trainable_parameters()),
@@ -126,6 +129,7 @@ def _iteration(policy: Any, generator: Any, trainer: Any, prompts: list[list[int
     with timer() as t_sync:
         generator.sync_weights(policy.model)
     return {"generate_s": t_gen.seconds, "train_step_s": t_train.seconds, "score_s": t_score.seconds,
+            "skipped_fraction": metrics["skipped_samples"] / max(1, len(samples)),
             "sync_s": t_sync.seconds,
             "tokens": float(sum(len(s.completion_ids) for s in samples)), "reward_mean": metrics["reward_mean"],
             "mismatch_mean": float(diffs.mean()), "mismatch_max": float(diffs.max())}

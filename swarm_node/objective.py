@@ -157,7 +157,8 @@ class ObjectiveStats:
     """Sums and counts of one or more objective calls; `merge` makes micro-batches add up exactly.
 
     All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
-    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens;
+    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
+    of scored samples (a trainer leaves samples without gradient unscored: `unscored_stats`);
     the importance weight is rho = pi_theta / pi_gen whatever the variant (a diagnostic of how
     off-policy the batch is); `ess` is over the truncated weights min(rho, C).
     """
@@ -248,13 +249,47 @@ def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
     return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps, 1.0 + eps) * adv)
 
 
+def advantage_filter(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples the f-* variants drop for a non-positive advantage (in the filter scope)."""
+    if not cfg.variant.startswith("f-"):
+        return torch.zeros_like(is_peer)
+    in_scope = is_peer if cfg.filter_scope == "peers" else torch.ones_like(is_peer)
+    return in_scope & (advantages <= 0)
+
+
+def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples whose objective term can have a nonzero gradient.
+
+    Every variant's per-token term is a multiple of the (possibly filtered) advantage A', so a
+    sample with A' = 0 (advantage exactly 0, or dropped by the advantage filter) contributes
+    exactly nothing, whatever its logprobs; the KL filter needs logprobs and is not decided here.
+    """
+    return (advantages != 0) & ~advantage_filter(advantages, is_peer, cfg)
+
+
+def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> ObjectiveStats:
+    """Stats for samples left unscored because they carry no gradient (see `carries_gradient`).
+
+    They count as samples (and as filtered when the advantage filter drops them); token, weight
+    and KL statistics cover scored samples only, since these have no logprobs.
+    """
+    f64 = torch.float64
+    bad_adv = advantage_filter(advantages, is_peer, cfg)
+    stats = ObjectiveStats.empty()
+    stats.n_samples = torch.tensor(float(advantages.shape[0]), dtype=f64)
+    stats.n_peer_samples = is_peer.sum().to(f64).cpu()
+    stats.n_filtered = stats.n_filtered_nonpositive_advantage = bad_adv.sum().to(f64).cpu()
+    stats.n_peer_filtered = (bad_adv & is_peer).sum().to(f64).cpu()
+    return stats
+
+
 def _filters(inputs: ObjectiveInputs, kl: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor]:
     """Per-sample [B] bool masks (nonpositive advantage, KL above g) for the f-* variants."""
     if not cfg.variant.startswith("f-"):
         none = torch.zeros_like(inputs.is_peer)
         return none, none
     in_scope = inputs.is_peer if cfg.filter_scope == "peers" else torch.ones_like(inputs.is_peer)
-    return in_scope & (inputs.advantages <= 0), in_scope & (kl > cfg.kl_threshold)
+    return advantage_filter(inputs.advantages, inputs.is_peer, cfg), in_scope & (kl > cfg.kl_threshold)
 
 
 def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tensor, ObjectiveStats]:

@@ -4,16 +4,20 @@
   1. groups samples by `group_key` and computes advantages over the *full* groups
      (`objective.group_advantages`), and per-sample weights over the whole batch
      (`objective.sample_weights`), so micro-batch losses add up to the batch loss;
-  2. for each of `epochs_per_batch` epochs: scores every micro-batch with gradient
+  2. leaves out the samples that cannot carry gradient (`objective.carries_gradient`: advantage
+     exactly 0, as in a group whose completions all got the same reward, or a peer sample the
+     advantage filter drops); the update is exactly the same without them, and they are counted
+     in the stats (`objective.unscored_stats`) and in `skipped_samples`;
+  3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step.
      `step_start_logprobs` (pi_theta_old, read by the KL filter and the PPO ratio) are the
      first epoch's trainer logprobs, detached: the weights have not moved yet at that point, so no
      separate no-grad pass is needed;
-  3. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
+  4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
-An epoch whose samples are all filtered (no token can carry gradient) skips the optimizer step but
-the step still counts. Non-finite losses or gradients raise instead of corrupting the weights.
+An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
+optimizer step but the step still counts. Non-finite losses or gradients raise instead of corrupting the weights.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig, TrainConfig
-from swarm_node.objective import ObjectiveInputs, ObjectiveStats, group_advantages, objective_loss, sample_weights
+from swarm_node.objective import (
+    ObjectiveInputs,
+    ObjectiveStats,
+    carries_gradient,
+    group_advantages,
+    objective_loss,
+    sample_weights,
+    unscored_stats,
+)
 from swarm_node.policy.models import Policy
 from swarm_node.policy.scoring import padded_batch, token_logprobs
 from swarm_node.policy.types import TrainSample
@@ -58,7 +70,8 @@ class _Batch:
     advantages: Tensor  # [B]
     weights: Tensor  # [B] float64
     is_peer: Tensor  # [B] bool
-    order: list[int]  # sample indices sorted by length (micro-batches of similar length)
+    order: list[int]  # indices of the samples to score, longest first (micro-batches of similar length)
+    unscored: ObjectiveStats  # the samples left out (they carry no gradient)
 
 
 class Trainer:
@@ -111,6 +124,7 @@ class Trainer:
             **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
             "optimizer_steps": float(optimizer_steps),
             "skipped": float(optimizer_steps == 0),
+            "skipped_samples": float(len(samples) - len(batch.order)),
         }
 
     def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
@@ -125,15 +139,21 @@ class Trainer:
                 raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
                                  f"{len(s.generator_logprobs)} generator logprobs")
         ocfg = self.objective_cfg
+        advantages = group_advantages(rewards, group_ids, scale_by_std=ocfg.scale_by_std, eps=ocfg.advantage_eps)
+        is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
+        carries = carries_gradient(advantages, is_peer, ocfg).tolist()
+        scored = [i for i in range(len(samples)) if carries[i] and len(samples[i].completion_ids) > 0]
+        left_out = torch.tensor(sorted(set(range(len(samples))) - set(scored)), dtype=torch.long, device=device)
         return _Batch(
             prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
             completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
             generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
                                 for s in samples],
-            advantages=group_advantages(rewards, group_ids, scale_by_std=ocfg.scale_by_std, eps=ocfg.advantage_eps),
+            advantages=advantages,
             weights=sample_weights(group_ids, lengths, ocfg.normalization),
-            is_peer=torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device),
-            order=sorted(range(len(samples)), key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids))),
+            is_peer=is_peer,
+            order=sorted(scored, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids))),
+            unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
         )
 
     def _accumulate(self, batch: _Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
@@ -141,7 +161,7 @@ class Trainer:
 
         In the first epoch, fills `step_start` with the detached trainer logprobs."""
         self.optimizer.zero_grad(set_to_none=True)
-        stats = ObjectiveStats.empty()
+        stats = ObjectiveStats.empty().merge(batch.unscored)
         total = 0.0
         mbs = self.cfg.micro_batch_size
         for start in range(0, len(batch.order), mbs):

@@ -133,6 +133,43 @@ def test_all_filtered_batch_skips_the_update_but_counts_the_step(cache: Path) ->
     assert set(empty) == set(metrics)  # the same metric names in every step
 
 
+def test_samples_without_gradient_are_left_out_with_the_same_update(cache: Path, monkeypatch) -> None:
+    import swarm_node.policy.trainer as trainer_module
+
+    policy0 = make_policy(cache)
+    own = make_samples(policy0, [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]], seed=1)  # 2nd group: advantage 0
+    peer = make_samples(policy0, [[0.0, 1.0, 0.0]], peer=True, seed=2)  # two peers with A < 0: filtered
+    f_tis = ObjectiveConfig(variant="f-tis")
+    runs = {}
+    for mode in ("left_out", "all_scored"):
+        if mode == "all_scored":  # what the trainer did before leaving samples out
+            monkeypatch.setattr(trainer_module, "carries_gradient", lambda adv, is_peer, cfg: torch.ones_like(is_peer))
+        policy = make_policy(cache)
+        before = params(policy)
+        metrics = Trainer(policy, TrainConfig(learning_rate=1e-3, micro_batch_size=4), f_tis, 1.0).step(own + peer)
+        runs[mode] = (metrics, {n: v - before[n] for n, v in params(policy).items()})
+    (m, delta), (m_all, delta_all) = runs["left_out"], runs["all_scored"]
+    assert m["skipped_samples"] == 5 and m_all["skipped_samples"] == 0
+    assert m["grad_norm"] == pytest.approx(m_all["grad_norm"], rel=1e-5) and m["grad_norm"] > 0
+    assert m["loss"] == pytest.approx(m_all["loss"], rel=1e-5, abs=1e-7)
+    for key in ("samples", "peer_samples", "peer_samples_used", "filtered", "filtered_nonpositive_advantage"):
+        assert m[key] == m_all[key], key
+    assert m["tokens"] == sum(len(s.completion_ids) for s in own[:3] + peer[1:2])  # scored samples' tokens
+    total = sum(v.numel() for v in delta.values())
+    off = sum(int(((delta_all[n] - v).abs() > 1e-2 * 1e-3).sum()) for n, v in delta.items())
+    assert off <= total * 1e-3, f"{off} of {total} elements moved differently"
+
+
+def test_batch_without_gradient_takes_no_optimizer_step(cache: Path) -> None:
+    policy = make_policy(cache)
+    samples = make_samples(policy, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # every advantage is 0
+    before = params(policy)
+    metrics = Trainer(policy, TrainConfig(learning_rate=1e-2), GRPO, temperature=1.0).step(samples)
+    assert all(torch.equal(before[n], v) for n, v in params(policy).items())
+    assert metrics["skipped"] == 1 and metrics["skipped_samples"] == 6 and metrics["samples"] == 6
+    assert metrics["tokens"] == 0 and metrics["reward_mean"] == 0.5
+
+
 def test_micro_batching_does_not_change_the_update(cache: Path) -> None:
     lr, deltas, norms = 1e-3, [], []
     samples = make_samples(make_policy(cache), [[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]], seed=3)
