@@ -13,7 +13,8 @@ mismatch. TRL runs `benchmarks/trl_grpo_step.py` in its own environment (scripts
 default /tmp/venv-trl) on our converted model directory with the very prompt texts we render
 (`--raw-prompts`). `ours_over_trl_<mode>` = our completion tokens/s over TRL's (goal >= 2).
 The prompts are the built-in word problems below, rendered with `swarm_node.tasks.render_prompt`;
-the reward is 1 when the last \\boxed{} number equals the answer.
+the reward is 1 for a correct last \\boxed{} number, 0.5 when only the text's last number is
+the answer, else 0 (the same rule in both trainers).
 Last line: one JSON object (benchmarks.common.emit).
 """
 
@@ -45,9 +46,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def boxed_reward(text: str, answer: int) -> float:
+    """1.0 for a correct last \\boxed{} number; 0.5 when only the text's last number is the answer
+    (partial credit, so most groups have reward variance and the update does real work); else 0.
+    The same rule as `boxed_number_reward` in benchmarks/trl_grpo_step.py."""
+
+    def last_number_is_answer(s: str) -> bool:
+        numbers = re.findall(r"-?\d+(?:\.\d+)?", s.replace(",", ""))
+        return bool(numbers) and float(numbers[-1]) == answer
+
     boxes = _BOXED.findall(text)
-    numbers = re.findall(r"-?\d+", boxes[-1].replace(",", "")) if boxes else []
-    return 1.0 if numbers and int(numbers[-1]) == answer else 0.0
+    if boxes and last_number_is_answer(boxes[-1]):
+        return 1.0
+    return 0.5 if last_number_is_answer(text) else 0.0
 
 
 def run_ours(mode: str, args: argparse.Namespace) -> dict[str, Any]:

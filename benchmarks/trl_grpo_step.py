@@ -12,7 +12,8 @@ iterations as closely as TRL allows:
   forward pass), AdamW at lr 5e-6, constant schedule, gradient clipping at 1.0;
 - beta = 0 (no reference model), per-sequence token mean (`loss_type="grpo"`), group std scaling;
 - float32 on CPU, no gradient checkpointing, no logging, no checkpoints, dataloader workers 0;
-- a binary reward: the last `\\boxed{}` number equals the answer.
+- the same graded reward: 1 for a correct last `\\boxed{}` number, 0.5 when only the text's last
+  number is the answer, else 0.
 
 The time of one iteration is measured between the trainer's `on_step_begin` and `on_step_end`
 callbacks (model loading and trainer construction excluded); the first iteration is a warm-up.
@@ -101,16 +102,21 @@ def load_prompts(path: Path | None) -> list[dict[str, str | None]]:
 
 
 def boxed_number_reward(completion: str, answer: str | None) -> float:
-    """1.0 when the last \\boxed{} holds a number equal to `answer`, else 0.0 (also without an answer)."""
-    if answer is None:
+    """1.0 when the last \\boxed{} holds a number equal to `answer`; 0.5 when, without a correct box,
+    the last number of the text equals it; else 0.0 (also without an answer). The partial credit
+    gives most groups some reward variance, so the update does real work in both trainers."""
+    want = _NUMBER.findall(answer.replace(",", "")) if answer is not None else []
+    if not want:
         return 0.0
+
+    def last_number_is_answer(text: str) -> bool:
+        got = _NUMBER.findall(text.replace(",", ""))
+        return bool(got) and math.isclose(float(got[-1]), float(want[-1]), rel_tol=0, abs_tol=1e-9)
+
     boxes = _BOXED.findall(completion)
-    if not boxes:
-        return 0.0
-    got, want = _NUMBER.findall(boxes[-1].replace(",", "")), _NUMBER.findall(answer.replace(",", ""))
-    if not got or not want:
-        return 0.0
-    return 1.0 if math.isclose(float(got[-1]), float(want[-1]), rel_tol=0, abs_tol=1e-9) else 0.0
+    if boxes and last_number_is_answer(boxes[-1]):
+        return 1.0
+    return 0.5 if last_number_is_answer(completion) else 0.0
 
 
 def ensure_model_dir(model_dir: Path | None, cache_dir: Path) -> Path:

@@ -5,7 +5,9 @@ completion token, the same quantity the generators report, so on-policy ratios a
 to floating point. Sequences are right-padded (positions are then plain 0..L-1 for every row, as in
 an unpadded forward pass) and scored in micro-batches to bound memory; the language-model head
 runs only from the shortest prompt's last token on (`logits_to_keep`), so long shared prompts
-cost no vocabulary-sized activations.
+cost no vocabulary-sized activations. A micro-batch whose rows all share one prompt (a group)
+runs the prompt once and the completions on top of its key/value cache, expanded to the batch
+(`_score_shared_prompt`); gradients flow through the shared prompt pass as through separate ones.
 """
 
 from __future__ import annotations
@@ -47,14 +49,55 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def _token_logprobs(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """[B, T] log softmax(logits / temperature) at `targets` ([B, T]); logits [B, T, V]."""
+    scaled = logits.float() / temperature
+    token_logit = torch.take_along_dim(scaled, targets[:, :, None], dim=2).squeeze(2)  # [B, T]
+    return token_logit - torch.logsumexp(scaled, dim=2)
+
+
+def _score_shared_prompt(model: torch.nn.Module, prompt: Tensor, completions: list[Tensor],
+                         temperature: float) -> list[Tensor] | None:
+    """Rows that share `prompt`: one prompt pass, its cache repeated for the completions.
+
+    Returns None when the model's cache cannot be expanded (the caller scores rows separately).
+    """
+    b, p_len = len(completions), len(prompt)
+    out = model(input_ids=prompt[None], use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    if cache is None or not hasattr(cache, "batch_repeat_interleave"):
+        return None
+    first_logits = out.logits[:, -1:].expand(b, 1, -1)  # [b, 1, V] predicts completion token 0
+    targets = pad_right(completions, 0, torch.long)  # [b, T]
+    t_max = targets.shape[1]
+    lengths = torch.tensor([len(c) for c in completions], device=prompt.device)
+    if t_max > 1:  # completion tokens 0..T-2 predict tokens 1..T-1 on top of the prompt's cache
+        cache.batch_repeat_interleave(b)
+        valid = torch.arange(t_max - 1, device=prompt.device)[None, :] < lengths[:, None]  # [b, T-1]
+        attention_mask = torch.cat([torch.ones(b, p_len, dtype=torch.long, device=prompt.device),
+                                    valid.long()], dim=1)  # [b, P + T-1]
+        positions = torch.arange(p_len, p_len + t_max - 1, device=prompt.device)[None, :].expand(b, -1)
+        rest = model(input_ids=targets[:, :-1], attention_mask=attention_mask, past_key_values=cache,
+                     position_ids=positions, use_cache=True).logits  # [b, T-1, V]
+        logits = torch.cat([first_logits, rest], dim=1)  # [b, T, V]
+    else:
+        logits = first_logits
+    logprobs = _token_logprobs(logits, targets, temperature)  # [b, T]
+    return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
+
+
 def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completions: list[Tensor],
                        temperature: float) -> list[Tensor]:
     """Logprobs for one micro-batch; returns one [T_i] float32 tensor per row."""
+    if min(len(p) for p in prompts) < 1:
+        raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
+    if len(prompts) > 1 and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
+        shared = _score_shared_prompt(model, prompts[0], completions, temperature)
+        if shared is not None:
+            return shared
     device = prompts[0].device
     p_lens = [len(p) for p in prompts]
     c_lens = [len(c) for c in completions]
-    if min(p_lens) < 1:
-        raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
     rows = [torch.cat([p, c]) for p, c in zip(prompts, completions, strict=True)]
     input_ids = pad_right(rows, 0, torch.long)  # [B, L]
     lengths = torch.tensor([len(r) for r in rows], device=device)
@@ -67,10 +110,8 @@ def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completion
     offs = torch.arange(t_max, device=device)[None, :]  # [1, T]
     starts = torch.tensor(p_lens, device=device)[:, None] - 1 - first  # [B, 1]
     cols = (starts + offs).clamp(max=keep - 1)  # [B, T] kept column predicting completion token t
-    picked = torch.take_along_dim(logits, cols[:, :, None], dim=1).float() / temperature  # [B, T, V]
-    targets = pad_right(completions, 0, torch.long)  # [B, T]
-    token_logit = torch.take_along_dim(picked, targets[:, :, None], dim=2).squeeze(2)  # [B, T]
-    logprobs = token_logit - torch.logsumexp(picked, dim=2)  # [B, T]
+    picked = torch.take_along_dim(logits, cols[:, :, None], dim=1)  # [B, T, V]
+    logprobs = _token_logprobs(picked, pad_right(completions, 0, torch.long), temperature)  # [B, T]
     return [logprobs[i, :n] for i, n in enumerate(c_lens)]
 
 

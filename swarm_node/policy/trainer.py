@@ -8,7 +8,8 @@
      exactly 0, as in a group whose completions all got the same reward, or a peer sample the
      advantage filter drops); the update is exactly the same without them, and they are counted
      in the stats (`objective.unscored_stats`) and in `skipped_samples`;
-  3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest with gradient
+  3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest (one prompt per
+     micro-batch, so the scorer runs that prompt once) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step.
      `step_start_logprobs` (pi_theta_old, read by the KL filter and the PPO ratio) are the
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,7 +72,7 @@ class _Batch:
     advantages: Tensor  # [B]
     weights: Tensor  # [B] float64
     is_peer: Tensor  # [B] bool
-    order: list[int]  # indices of the samples to score, longest first (micro-batches of similar length)
+    micro_batches: list[list[int]]  # indices of the samples to score: one prompt per micro-batch, longest first
     unscored: ObjectiveStats  # the samples left out (they carry no gradient)
 
 
@@ -124,7 +126,7 @@ class Trainer:
             **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
             "optimizer_steps": float(optimizer_steps),
             "skipped": float(optimizer_steps == 0),
-            "skipped_samples": float(len(samples) - len(batch.order)),
+            "skipped_samples": float(len(samples) - sum(len(mb) for mb in batch.micro_batches)),
         }
 
     def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
@@ -152,7 +154,7 @@ class Trainer:
             advantages=advantages,
             weights=sample_weights(group_ids, lengths, ocfg.normalization),
             is_peer=is_peer,
-            order=sorted(scored, key=lambda i: -(len(samples[i].prompt_ids) + len(samples[i].completion_ids))),
+            micro_batches=_micro_batches(samples, scored, self.cfg.micro_batch_size),
             unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
         )
 
@@ -163,9 +165,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats = ObjectiveStats.empty().merge(batch.unscored)
         total = 0.0
-        mbs = self.cfg.micro_batch_size
-        for start in range(0, len(batch.order), mbs):
-            idx = batch.order[start : start + mbs]
+        for idx in batch.micro_batches:
             scored = token_logprobs(self.policy.model, [batch.prompts[i] for i in idx],
                                     [batch.completions[i] for i in idx], self.temperature, len(idx))
             if first_epoch:
@@ -211,6 +211,19 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = int(state["step_count"])
+
+
+def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int) -> list[list[int]]:
+    """Split `indices` into micro-batches of at most `size` samples of one prompt each (so the
+    scorer runs each prompt once per micro-batch), longest completions first within a prompt."""
+    by_prompt: dict[bytes, list[int]] = {}
+    for i in indices:
+        by_prompt.setdefault(np.asarray(samples[i].prompt_ids, dtype=np.int64).tobytes(), []).append(i)
+    out = []
+    for members in by_prompt.values():
+        members.sort(key=lambda i: -len(samples[i].completion_ids))
+        out.extend(members[start : start + size] for start in range(0, len(members), size))
+    return out
 
 
 def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:

@@ -141,6 +141,27 @@ def test_scoring_is_independent_of_micro_batching_and_padding(policy: Policy, pr
     assert lps[0].requires_grad and lps[1].numel() == 0
 
 
+def test_shared_prompt_scoring_equals_separate_rows_in_value_and_gradient(policy: Policy,
+                                                                           prompts: list[list[int]]) -> None:
+    """A micro-batch of one prompt runs the prompt once (cache expanded to the rows): same
+    logprobs and the same parameter gradient as scoring each row on its own."""
+    group = HFGenerator(policy, gen_cfg(), seed=6).generate([prompts[1]], n=5)[0]
+    completions = [c.token_ids for c in group] + [np.asarray(group[0].token_ids[:1])]  # one 1-token row
+    rows = [prompts[1]] * len(completions)
+    grads = []
+    for mbs in (len(rows), 1):  # all rows in one shared-prompt micro-batch / one row at a time
+        policy.model.zero_grad(set_to_none=True)
+        lps = token_logprobs(policy.model, rows, completions, 0.8, micro_batch_size=mbs)
+        sum((lp * torch.linspace(1, 2, len(lp))).sum() for lp in lps).backward()
+        grads.append(({n: p.grad.clone() for n, p in policy.model.named_parameters()}, [lp.detach() for lp in lps]))
+    policy.model.zero_grad(set_to_none=True)
+    (shared_grad, shared_lp), (alone_grad, alone_lp) = grads
+    for x, y in zip(shared_lp, alone_lp, strict=True):
+        torch.testing.assert_close(x, y, atol=2e-5, rtol=0)
+    for name, g in alone_grad.items():
+        torch.testing.assert_close(shared_grad[name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_make_generator_selects_backend(policy: Policy) -> None:
     assert isinstance(make_generator(policy, gen_cfg(backend="hf"), 0), HFGenerator)
     if importlib.util.find_spec("vllm") is not None:
