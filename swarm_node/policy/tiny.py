@@ -1,6 +1,7 @@
 """Tiny random Llama-style models and byte-level tokenizers, built in code (no hub), for tests.
 
-A spec `tiny-random:<hidden>x<layers>[:<variant>[:<seed>]]` names one model exactly: the same
+A spec `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]` names one model exactly (`-tied`:
+the output head shares the input embedding matrix, as in SmolLM2): the same
 spec always gives the same weights and the same tokenizer, so two test nodes naming the same spec
 hold the same model. Tokenizer variants have different vocabularies (hence different
 fingerprints), so tests can pair nodes with matching and non-matching tokenizers:
@@ -34,7 +35,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(?::([a-z]))?(?::(\d+))?$")
+_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(-tied)?(?::([a-z]))?(?::(\d+))?$")
 EOS_PROBABILITY = 1 / 25  # mean eos probability per position: completions stop after ~25 tokens on average
 
 
@@ -44,11 +45,12 @@ class TinySpec:
     layers: int
     variant: str = "a"
     seed: int = 0
+    tied: bool = False
 
     @property
     def dir_name(self) -> str:
         """A file-system-safe name; bump the suffix when the construction below changes."""
-        return f"tiny-{self.hidden}x{self.layers}-{self.variant}-s{self.seed}-v2"
+        return f"tiny-{self.hidden}x{self.layers}{'-tied' if self.tied else ''}-{self.variant}-s{self.seed}-v2"
 
 
 def is_tiny_spec(name: str) -> bool:
@@ -56,19 +58,19 @@ def is_tiny_spec(name: str) -> bool:
 
 
 def parse_tiny_spec(name: str) -> TinySpec:
-    """Parse `tiny-random:<hidden>x<layers>[:<variant>[:<seed>]]`; raises ValueError if malformed."""
+    """Parse `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]`; raises ValueError if malformed."""
     m = _SPEC_RE.match(name)
     if m is None:
-        raise ValueError(f"bad tiny model spec {name!r}: expected tiny-random:<hidden>x<layers>[:<a|b>[:<seed>]]")
+        raise ValueError(f"bad tiny model spec {name!r}: expected tiny-random:<hidden>x<layers>[-tied][:<a|b>[:<seed>]]")
     hidden, layers = int(m.group(1)), int(m.group(2))
-    variant, seed = m.group(3) or "a", int(m.group(4) or 0)
+    tied, variant, seed = m.group(3) is not None, m.group(4) or "a", int(m.group(5) or 0)
     if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:
         raise ValueError(f"tiny model hidden size must be a multiple of {HEAD_DIM} in [32, 4096], got {hidden}")
     if not 1 <= layers <= 64:
         raise ValueError(f"tiny model layers must be in [1, 64], got {layers}")
     if variant not in VARIANTS:
         raise ValueError(f"tiny tokenizer variant must be one of {VARIANTS}, got {variant!r}")
-    return TinySpec(hidden, layers, variant, seed)
+    return TinySpec(hidden, layers, variant, seed, tied)
 
 
 def build_tiny_tokenizer(variant: str) -> PreTrainedTokenizerFast:
@@ -126,7 +128,7 @@ def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Llam
         num_key_value_heads=max(1, heads // 2) if heads % 2 == 0 else heads,
         head_dim=HEAD_DIM,
         max_position_embeddings=4096,
-        tie_word_embeddings=False,
+        tie_word_embeddings=spec.tied,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

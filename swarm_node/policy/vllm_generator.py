@@ -91,6 +91,23 @@ def hf_named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
         yield name.removeprefix("_orig_mod."), param.detach()
 
 
+def refresh_tied_lm_head(worker: Any) -> bool:
+    """Run in each vLLM worker after `reload_weights`: rebuild a tied output head's kernel.
+
+    With tied embeddings the checkpoint has no `lm_head.weight`, so the reload refills the input
+    embedding but leaves the head's derived state alone; on CPU that state is a packed copy of the
+    old matrix (vLLM's CPU GEMM dispatch), so the logits would keep coming from the old weights.
+    Re-processing the head from the shared, reloaded matrix fixes that. Returns whether it ran.
+    """
+    model = worker.model_runner.get_model()
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or head.weight.data_ptr() != embed.weight.data_ptr():
+        return False
+    head.quant_method.process_weights_after_loading(head)
+    return True
+
+
 def to_completion(output: Any) -> GeneratedCompletion:
     """Convert one vLLM CompletionOutput (requested with logprobs=0) to a GeneratedCompletion."""
     if output.finish_reason not in _FINISH:
@@ -172,6 +189,7 @@ class VLLMGenerator:
                 "reload_weights",
                 kwargs={"weights_iterator": list(hf_named_weights(model)), "is_checkpoint_format": True},
             )
+            self.llm.collective_rpc(refresh_tied_lm_head)
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM kept its prefix cache after a weight sync (requests in flight?)")
 

@@ -58,6 +58,20 @@ def test_three_dhts_exchange_groups(trio) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_blobs_and_owned_record_in_one_batch(trio) -> None:
+    a, b, _ = trio
+    blobs = [os.urandom(3000 + i) for i in range(3)]
+    key = keys.rollout_index_key(SWARM, 7)
+    before = a.traffic.copy()
+    assert a.put_blobs_and_owned(blobs, key, b"index-bytes", a.dht_time() + 60)
+    assert a.traffic["records_stored"] - before["records_stored"] == 1
+    assert a.traffic["blobs_stored"] - before["blobs_stored"] == 3
+    assert b.get_all(key, timeout=10)[a.peer_id].value == b"index-bytes"
+    fetched = b.get_blobs([codec.content_digest(x) for x in blobs], timeout=10)
+    assert sorted(fetched.found.values()) == sorted(blobs) and not fetched.failed
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [100_000, 1_000_000])
 def test_large_blobs_cross_the_swarm(trio, size: int) -> None:
     a, b, _ = trio

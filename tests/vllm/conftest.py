@@ -33,9 +33,9 @@ def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def make_policy(model_cache: Path) -> Callable[..., Policy]:
     """Load a fresh tiny float32 CPU policy (full fine-tuning, or LoRA of the given rank)."""
 
-    def make(lora_rank: int | None = None) -> Policy:
+    def make(lora_rank: int | None = None, name: str = TINY) -> Policy:
         lora = LoraConfig(enabled=lora_rank is not None, rank=lora_rank or 8, alpha=16.0)
-        cfg = ModelConfig(name=TINY, device="cpu", dtype="float32", cache_dir=model_cache, lora=lora)
+        cfg = ModelConfig(name=name, device="cpu", dtype="float32", cache_dir=model_cache, lora=lora)
         return load_policy(cfg, seed=0)
 
     return make

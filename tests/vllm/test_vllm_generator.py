@@ -102,8 +102,10 @@ def test_logprobs_match_trainer_scoring(make_policy, make_generator, temperature
     assert max_logprob_gap(policy.model, prompts, groups, 1.0) > 100 * TOL
 
 
-def test_full_weight_sync_after_optimizer_step(make_policy, make_generator) -> None:
-    policy = make_policy()
+@pytest.mark.parametrize("name", ["tiny-random:128x2", "tiny-random:128x2-tied"])  # tied: as SmolLM2
+def test_full_weight_sync_after_optimizer_step(make_policy, make_generator, name: str) -> None:
+    policy = make_policy(name=name)
+    assert policy.model.config.tie_word_embeddings == name.endswith("-tied")
     gen = make_generator(policy, temperature=0.9, max_new_tokens=24)
     prompts = prompts_of(policy)
     old_model = copy.deepcopy(policy.model)
