@@ -66,6 +66,14 @@ class GenerationConfig(_Section):
     batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB.")
+    vllm_lora_sync: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description=(
+            "How a LoRA policy reaches vLLM after a step: `adapter` (a new LoRARequest version) or "
+            "`merged` (base + adapter delta loaded as full weights: no LoRA kernels at generation, "
+            "which is faster where they are slow, e.g. vLLM on CPU)."
+        ),
+    )
 
 
 class ObjectiveConfig(_Section):

@@ -72,7 +72,7 @@ def engine_kwargs(policy: Policy, cfg: GenerationConfig, seed: int) -> dict[str,
         kwargs["gpu_memory_utilization"] = cfg.vllm_gpu_memory_utilization
     else:
         kwargs["kv_cache_memory_bytes"] = cfg.vllm_kv_cache_gib * 2**30
-    if policy.is_lora:
+    if policy.is_lora and cfg.vllm_lora_sync == "adapter":
         kwargs["enable_lora"] = True
         kwargs["max_loras"] = 1
         kwargs["max_lora_rank"] = vllm_lora_rank(adapter_rank(policy.model))
@@ -89,6 +89,25 @@ def hf_named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
     """The trainer's parameters under Hugging Face checkpoint names (tied weights once)."""
     for name, param in model.named_parameters():
         yield name.removeprefix("_orig_mod."), param.detach()
+
+
+def merged_named_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's weights under Hugging Face names, each adapted layer's weight merged
+    (base + B A * scaling); the model itself is left untouched."""
+    from peft.tuners.lora import LoraLayer
+
+    adapter = model.active_adapter
+    base = model.get_base_model()
+    deltas = {
+        f"{name}.base_layer.weight": module.get_delta_weight(adapter)
+        for name, module in base.named_modules()
+        if isinstance(module, LoraLayer) and adapter in module.lora_A
+    }
+    for name, param in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        weight = param.detach()
+        yield name.replace(".base_layer.", "."), weight + deltas[name] if name in deltas else weight
 
 
 def refresh_tied_lm_head(worker: Any) -> bool:
@@ -133,12 +152,13 @@ class VLLMGenerator:
         self.cfg = cfg
         self.seed = seed
         self.is_lora = bool(policy.is_lora)
+        self.adapter_sync = self.is_lora and cfg.vllm_lora_sync == "adapter"  # else full-weight reloads
         self.stop_ids = policy.stop_token_ids  # the same stop set as the hf backend
         self._calls = 0
         self._lora_request: Any = None
         self._lora_id = 0
         self.llm: Any = vllm.LLM(**engine_kwargs(policy, cfg, seed))
-        self._adapter_root = tempfile.mkdtemp(prefix="swarm-node-lora-") if self.is_lora else None
+        self._adapter_root = tempfile.mkdtemp(prefix="swarm-node-lora-") if self.adapter_sync else None
         # The engine loaded policy.local_path; the in-memory model may already differ from it
         # (a resumed checkpoint, a LoRA adapter), so start from the trainer's actual weights.
         self.sync_weights(policy.model)
@@ -176,18 +196,18 @@ class VLLMGenerator:
         return result
 
     def sync_weights(self, model: object) -> None:
-        """Make later generations use `model`'s current weights (full) or adapter (LoRA)."""
+        """Make later generations use `model`'s current weights (full, or LoRA merged) or adapter."""
         if self.llm is None:
             raise RuntimeError("sync_weights() after close()")
-        if self.is_lora:
+        if self.adapter_sync:
             self._sync_adapter(model)
             return
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"expected a torch module, got {type(model).__name__}")
         with torch.no_grad():
+            weights = merged_named_weights(model) if self.is_lora else hf_named_weights(model)
             self.llm.collective_rpc(
-                "reload_weights",
-                kwargs={"weights_iterator": list(hf_named_weights(model)), "is_checkpoint_format": True},
+                "reload_weights", kwargs={"weights_iterator": list(weights), "is_checkpoint_format": True},
             )
             self.llm.collective_rpc(refresh_tied_lm_head)
         if not self.llm.reset_prefix_cache():
@@ -217,7 +237,7 @@ class VLLMGenerator:
 
     @property
     def weight_version(self) -> int:
-        """LoRA: the current adapter id (0 before the first sync). Full fine-tuning: always 0."""
+        """LoRA adapters: the current adapter id (0 before the first sync). Otherwise always 0."""
         return self._lora_id
 
     def close(self) -> None:
