@@ -102,21 +102,28 @@ def test_logprobs_match_trainer_scoring(make_policy, make_generator, temperature
     assert max_logprob_gap(policy.model, prompts, groups, 1.0) > 100 * TOL
 
 
-@pytest.mark.parametrize("name", ["tiny-random:128x2", "tiny-random:128x2-tied"])  # tied: as SmolLM2
-def test_full_weight_sync_after_optimizer_step(make_policy, make_generator, name: str) -> None:
-    policy = make_policy(name=name)
-    assert policy.model.config.tie_word_embeddings == name.endswith("-tied")
-    gen = make_generator(policy, temperature=0.9, max_new_tokens=24)
+def step_then_sync(policy, gen, lr: float, label: str) -> tuple[float, float]:
+    """An AdamW step on the policy, then `gen.sync_weights`: before the sync the engine samples
+    from the old weights; returns the gaps of fresh samples to the new and to the old weights."""
     prompts = prompts_of(policy)
     old_model = copy.deepcopy(policy.model)
-    adam_step(policy.model, prompts[1] + prompts[0])
+    adam_step(policy.model, prompts[1] + prompts[0], lr=lr)
     stale = gen.generate(prompts, n=4)  # before the sync the engine still has the old weights
     assert max_logprob_gap(old_model, prompts, stale, 0.9) < TOL
     gen.sync_weights(policy.model)
     fresh = gen.generate(prompts, n=4)
     gap_new = max_logprob_gap(policy.model, prompts, fresh, 0.9)
     gap_old = max_logprob_gap(old_model, prompts, fresh, 0.9)
-    print(f"after full sync: gap to new weights {gap_new:.3e}, to old weights {gap_old:.3e}")
+    print(f"after {label} sync: gap to new weights {gap_new:.3e}, to old weights {gap_old:.3e}")
+    return gap_new, gap_old
+
+
+@pytest.mark.parametrize("name", ["tiny-random:128x2", "tiny-random:128x2-tied"])  # tied: as SmolLM2
+def test_full_weight_sync_after_optimizer_step(make_policy, make_generator, name: str) -> None:
+    policy = make_policy(name=name)
+    assert policy.model.config.tie_word_embeddings == name.endswith("-tied")
+    gen = make_generator(policy, temperature=0.9, max_new_tokens=24)
+    gap_new, gap_old = step_then_sync(policy, gen, 1e-2, "full")
     assert gap_new < TOL
     assert gap_old > 100 * TOL
 
@@ -125,16 +132,8 @@ def test_lora_adapter_sync(make_policy, make_generator) -> None:
     policy = make_policy(lora_rank=8)
     gen = make_generator(policy, temperature=0.9, max_new_tokens=24)
     assert gen.weight_version == 1  # the initial adapter is loaded at construction
-    prompts = prompts_of(policy)
-    old_model = copy.deepcopy(policy.model)
-    adam_step(policy.model, prompts[1] + prompts[0], lr=5e-2)  # moves only adapter weights
-    assert max_logprob_gap(old_model, prompts, gen.generate(prompts, n=4), 0.9) < TOL
-    gen.sync_weights(policy.model)
+    gap_new, gap_old = step_then_sync(policy, gen, 5e-2, "LoRA adapter")  # moves only adapter weights
     assert gen.weight_version == 2
-    fresh = gen.generate(prompts, n=4)
-    gap_new = max_logprob_gap(policy.model, prompts, fresh, 0.9)
-    gap_old = max_logprob_gap(old_model, prompts, fresh, 0.9)
-    print(f"after LoRA sync: gap to new adapter {gap_new:.3e}, to old adapter {gap_old:.3e}")
     assert gap_new < TOL
     assert gap_old > 10 * TOL
 
@@ -144,16 +143,8 @@ def test_lora_merged_sync(make_policy, make_generator) -> None:
     policy = make_policy(lora_rank=8)
     base_before = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n}
     gen = make_generator(policy, temperature=0.9, max_new_tokens=24, vllm_lora_sync="merged")
-    prompts = prompts_of(policy)
-    old_model = copy.deepcopy(policy.model)
-    adam_step(policy.model, prompts[1] + prompts[0], lr=5e-2)
-    assert max_logprob_gap(old_model, prompts, gen.generate(prompts, n=4), 0.9) < TOL
-    gen.sync_weights(policy.model)
+    gap_new, gap_old = step_then_sync(policy, gen, 5e-2, "merged LoRA")
     assert gen.weight_version == 0  # no adapter versions in this mode
-    fresh = gen.generate(prompts, n=4)
-    gap_new = max_logprob_gap(policy.model, prompts, fresh, 0.9)
-    gap_old = max_logprob_gap(old_model, prompts, fresh, 0.9)
-    print(f"after merged LoRA sync: gap to new weights {gap_new:.3e}, to old weights {gap_old:.3e}")
     assert gap_new < TOL
     assert gap_old > 10 * TOL
     # Merging happened in copies: the trainer's base weights are bit-identical.
