@@ -18,7 +18,8 @@
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
-optimizer step but the step still counts. Non-finite losses or gradients raise instead of corrupting the weights.
+optimizer step but the step still counts. Non-finite losses or gradients raise instead of
+corrupting the weights.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class _Batch:
     advantages: Tensor  # [B]
     weights: Tensor  # [B] float64
     is_peer: Tensor  # [B] bool
-    micro_batches: list[list[int]]  # indices of the samples to score: one prompt per micro-batch, longest first
+    micro_batches: list[list[int]]  # samples to score: one prompt per micro-batch, longest first
     unscored: ObjectiveStats  # the samples left out (they carry no gradient)
 
 
