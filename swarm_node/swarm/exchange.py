@@ -8,7 +8,9 @@ re-stores the merged index of the window; `republish()` extends records that sti
 Gathering reads the index keys of the last `staleness_windows + 1` windows, picks a bounded random
 sample of entries (`max_groups` in all, `max_per_peer` per peer, so a node's work per step does
 not grow with the swarm), fetches their chunks concurrently under one deadline, then decodes and
-checks each group. Nothing a peer sends raises: every rejected record or group is counted under
+checks each group. An entry whose chunks time out is tried again in a later gather; one whose
+chunks are missing gets one more try (a publish stores chunks and index in one batch, so a reader
+can see the index first) and is counted as `missing` the second time. Nothing a peer sends raises: every rejected record or group is counted under
 one reason (see the REASON constants and `protocol.validate` reasons).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
@@ -33,7 +35,7 @@ from protocol.messages import (
     RolloutIndex,
 )
 from protocol.validate import ValidationLimits, validate_group, validate_status
-from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport, is_digest
+from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
 MIN_CHUNK_BYTES = 64 << 10  # an index may not list more than size / MIN_CHUNK_BYTES + 1 chunks
@@ -120,6 +122,7 @@ class RolloutExchange:
         self._seen_digests: dict[tuple[str, ...], int] = {}  # taken or rejected entries -> window
         self._seen_groups: dict[tuple[str, int, int], int] = {}  # (sender, prompt, policy) -> window
         self._bad_indexes: dict[tuple[str, str], int] = {}  # (owner, digest of record) -> window
+        self._missing_once: dict[tuple[str, ...], int] = {}  # entries whose chunks were missing once
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -318,6 +321,12 @@ class RolloutExchange:
             self._seen_digests[digests_c] = c.window
             failed = [fetched.failed[d] for d in digests_c if d in fetched.failed]
             if failed:
+                if failed[0] == MISSING and digests_c not in self._missing_once:
+                    # Chunks and index are stored together, and replicas lag: a chunk missing at
+                    # the first attempt may be there next time. Counted if it is missing again.
+                    self._missing_once[digests_c] = c.window
+                    del self._seen_digests[digests_c]
+                    continue
                 if failed[0] == FETCH_TIMEOUT:
                     del self._seen_digests[digests_c]  # may be fetched again next time
                 drops.add(failed[0])
@@ -361,6 +370,6 @@ class RolloutExchange:
 
     def _forget_before(self, oldest_window: int) -> None:
         """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
-        for table in (self._seen_digests, self._seen_groups, self._bad_indexes):
+        for table in (self._seen_digests, self._seen_groups, self._bad_indexes, self._missing_once):
             for k in [k for k, w in table.items() if w < oldest_window]:
                 del table[k]
