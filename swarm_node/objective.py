@@ -249,12 +249,16 @@ def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
     return torch.minimum(ratio * adv, ratio.clamp(1.0 - eps, 1.0 + eps) * adv)
 
 
-def advantage_filter(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
-    """[B] bool: samples the f-* variants drop for a non-positive advantage (in the filter scope)."""
+def _filter_scope(is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples the filters apply to (none outside the f-* variants)."""
     if not cfg.variant.startswith("f-"):
         return torch.zeros_like(is_peer)
-    in_scope = is_peer if cfg.filter_scope == "peers" else torch.ones_like(is_peer)
-    return in_scope & (advantages <= 0)
+    return is_peer if cfg.filter_scope == "peers" else torch.ones_like(is_peer)
+
+
+def advantage_filter(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples the f-* variants drop for a non-positive advantage (in the filter scope)."""
+    return _filter_scope(is_peer, cfg) & (advantages <= 0)
 
 
 def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
@@ -285,11 +289,8 @@ def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) ->
 
 def _filters(inputs: ObjectiveInputs, kl: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor]:
     """Per-sample [B] bool masks (nonpositive advantage, KL above g) for the f-* variants."""
-    if not cfg.variant.startswith("f-"):
-        none = torch.zeros_like(inputs.is_peer)
-        return none, none
-    in_scope = inputs.is_peer if cfg.filter_scope == "peers" else torch.ones_like(inputs.is_peer)
-    return advantage_filter(inputs.advantages, inputs.is_peer, cfg), in_scope & (kl > cfg.kl_threshold)
+    bad_kl = _filter_scope(inputs.is_peer, cfg) & (kl > cfg.kl_threshold)
+    return advantage_filter(inputs.advantages, inputs.is_peer, cfg), bad_kl
 
 
 def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tensor, ObjectiveStats]:

@@ -49,21 +49,17 @@ class VerdictCache:
     def __init__(self, max_entries: int = 16384) -> None:
         self.max_entries = max_entries
         self._verdicts: dict[tuple, bool] = {}
-        self.hits = 0
 
-    @staticmethod
-    def record_id(record: DHTRecord) -> tuple:
-        digest = hashlib.blake2b(record.value, digest_size=16).digest()
-        return (record.key, record.subkey, record.expiration_time, digest)
-
-    def verdict(self, record_id: tuple, check: Callable[[], bool]) -> bool:
+    def verdict(self, record: DHTRecord, check: Callable[[DHTRecord], bool]) -> bool:
+        """`check(record)`, computed once per distinct (key, subkey, expiration, value)."""
+        record_id = (record.key, record.subkey, record.expiration_time,
+                     hashlib.blake2b(record.value, digest_size=16).digest())
         known = self._verdicts.get(record_id)
         if known is not None:
-            self.hits += 1
             return known
         if len(self._verdicts) >= self.max_entries:
             self._verdicts.clear()
-        self._verdicts[record_id] = result = bool(check())
+        self._verdicts[record_id] = result = bool(check(record))
         return result
 
 
@@ -77,8 +73,7 @@ class CachedRSASignatureValidator(RSASignatureValidator):
     def validate(self, record: DHTRecord) -> bool:
         if b"[owner:" not in record.key and b"[owner:" not in (record.subkey or b""):
             return True  # not a protected record (the base class would find no public key)
-        check = super().validate
-        return self._cache.verdict(VerdictCache.record_id(record), lambda: check(record))
+        return self._cache.verdict(record, super().validate)
 
 
 class OwnedBytesSchema(pydantic_v1.BaseModel):
@@ -109,8 +104,7 @@ class ScheduledKeySchemaValidator(SchemaValidator):
             self._refreshed_at = now
         if record.key not in self._key_id_to_field_name:
             return True  # not an owned-only key: the schema has nothing to say (allow_extra_keys)
-        check = super().validate
-        return self._cache.verdict(VerdictCache.record_id(record), lambda: check(record))
+        return self._cache.verdict(record, super().validate)
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False  # keep the schedule semantics separate from other schema validators
