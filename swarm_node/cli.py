@@ -163,6 +163,20 @@ def local(nodes: Annotated[int, typer.Option(min=1, max=16, help="Node processes
 
 
 @app.command()
+def experiment(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="Experiment TOML.")],
+               out: Annotated[Optional[Path], typer.Option(help="Output directory (resumes what is there).")] = None,
+               quick: Annotated[bool, typer.Option("--quick", help="A few steps, one seed.")] = False,
+               mode: Annotated[Optional[str], typer.Option(help="lockstep or swarm (default: the file's).")] = None,
+               pair: Annotated[Optional[list[str]], typer.Option(help="Run only this pair (repeatable).")] = None,
+               set_: SetOpt = None, verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """Run an experiment grid (arms x seeds) and write summary.md with intervals and plots."""
+    from swarm_node.experiment import run_experiment
+
+    raise typer.Exit(run_experiment(file, out=out, quick=quick, mode=mode, overrides=set_ or [], verbose=verbose,
+                                   pairs=pair))
+
+
+@app.command()
 def report(run_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False)]) -> None:
     """Write PNG plots and a markdown summary from a run's metrics logs."""
     from swarm_node.report import write_report

@@ -1,0 +1,46 @@
+"""Experiments: the paper's comparisons run with the production node code (see docs/results.md).
+
+`run_experiment` is what `swarm-node experiment FILE.toml` calls: it loads the spec (spec.py),
+prepares warm models (warmup.py), runs every pair x arm x seed in lockstep (lockstep.py) or as real
+processes (swarm_mode.py), resumably (grid.py), and writes summary.md, summary.json and plots
+(summary.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | None, overrides: list[str],
+                   verbose: bool, pairs: list[str] | None = None) -> int:
+    """Run the grid of `file`; returns the exit code. User errors end in one line (traceback with -v)."""
+    from swarm_node.experiment.grid import run_grid
+    from swarm_node.experiment.spec import ExperimentSpec
+
+    try:
+        spec = ExperimentSpec.load(file, overrides)
+    except (ValueError, OSError) as e:
+        print(f"swarm-node experiment: invalid experiment file {file}: {e}", file=sys.stderr)
+        return 2
+    if mode not in (None, "lockstep", "swarm"):
+        print(f"swarm-node experiment: --mode must be lockstep or swarm, got {mode!r}", file=sys.stderr)
+        return 2
+    if quick:
+        spec = spec.quick()
+    out = out or Path("runs") / f"experiment-{spec.experiment.name}{'-quick' if quick else ''}"
+    t0 = time.perf_counter()
+    try:
+        run_grid(spec, out, mode=mode, pairs=pairs or None, log=lambda m: print(m, flush=True))
+    except KeyboardInterrupt:
+        print(f"swarm-node experiment: interrupted; run the same command again to continue ({out})", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError) as e:
+        if verbose:
+            raise
+        print(f"swarm-node experiment: {e} (rerun with -v for the traceback; finished runs are kept in {out})",
+              file=sys.stderr)
+        return 1
+    print(f"experiment finished in {time.perf_counter() - t0:.0f}s: {out / 'summary.md'}", flush=True)
+    return 0

@@ -1,0 +1,152 @@
+"""Run a whole experiment grid (pairs x arms x seeds) into one directory, resumably.
+
+    OUT/spec.json                      the resolved experiment spec
+    OUT/heldout.json                   the held-out problems (index, question, answer)
+    OUT/runs/<pair>/<arm>/seed<k>/     <node>/metrics.jsonl (the node's own log), evals.jsonl,
+                                       done.json (written last: a run with it is finished)
+    OUT/summary.md, summary.json, plots/<pair>.png
+
+A run without `done.json` (interrupted) is removed and run again; finished runs are skipped, so
+running the same command again after an interruption continues the grid where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swarm_node.atomic import atomic_write_text
+from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
+from swarm_node.tasks.base import PromptSet, content_id
+
+
+def prepare_models(spec: ExperimentSpec, log: Callable[[str], None]) -> dict[str, str]:
+    """node name -> model name (a warm model's directory when the node has a warm-up)."""
+    from swarm_node.experiment.warmup import ensure_warm_model
+
+    system_prompt = spec.defaults.get("task", {}).get("system_prompt")
+    out = {}
+    for node in spec.nodes:
+        warm = node.warmup_spec(system_prompt)
+        if warm is None:
+            out[node.name] = str(node.model)
+            continue
+        t0 = time.perf_counter()
+        path = ensure_warm_model(warm, spec.experiment.cache_dir.expanduser() / "warm", log=log)
+        log(f"node {node.name}: warm model {path.name} ({time.perf_counter() - t0:.0f}s)")
+        out[node.name] = str(path)
+    return out
+
+
+def heldout_set(spec: ExperimentSpec, train_sets: list[PromptSet]) -> PromptSet:
+    """The first `eval.problems` problems of the eval task that no node trains on (by question text)."""
+    from swarm_node.tasks import load_prompt_set
+
+    task = eval_task(spec)
+    seen = {p.question.strip() for ps in train_sets for p in ps.problems}
+    if task.name == "arithmetic":
+        task = task.model_copy(update={"size": max(task.size, 20 * spec.eval.problems)})
+    pool = load_prompt_set(task)
+    kept = [p for p in pool.problems if p.question.strip() not in seen][: spec.eval.problems]
+    if len(kept) < spec.eval.problems:
+        raise ValueError(f"only {len(kept)} held-out problems remain after removing training problems; "
+                         f"eval.problems is {spec.eval.problems}: use another eval task seed or fewer problems")
+    return PromptSet(id=content_id(f"heldout-{task.name}", kept), answer_kind=pool.answer_kind, problems=tuple(kept))
+
+
+class Evaluator:
+    """Greedy pass@1 on the held-out set; step-0 results are cached per model (all arms share them)."""
+
+    def __init__(self, spec: ExperimentSpec, heldout: PromptSet, system_prompt: str | None, cache: Path) -> None:
+        from swarm_node.tasks import make_reward_fn
+
+        self.spec, self.heldout, self.system_prompt = spec, heldout, system_prompt
+        self.reward_fn = make_reward_fn(eval_task(spec), heldout.answer_kind, format_reward=0.0)
+        self.cache_path = cache
+        self.cache = json.loads(cache.read_text()) if cache.exists() else {}
+        self.model_keys: dict[str, str] = {}
+
+    def __call__(self, node: str, policy: Any, step: int) -> dict:
+        from swarm_node.evaluate import evaluate
+
+        key = self.model_keys.get(node, node)
+        if step == 0 and key in self.cache:
+            return dict(self.cache[key])
+        e = self.spec.eval
+        r = evaluate(policy.model, policy.tokenizer, self.heldout, self.reward_fn, batch_size=e.batch_size,
+                     max_new_tokens=e.max_new_tokens, device=policy.device, system_prompt=self.system_prompt,
+                     progress=False)
+        row = {"accuracy": r["accuracy"], "n": r["n"], "eval_seconds": round(r["seconds"], 3)}
+        if step == 0:
+            self.cache[key] = row
+            atomic_write_text(self.cache_path, json.dumps(self.cache, indent=1))
+        return row
+
+    def close(self) -> None:
+        self.reward_fn.close()
+
+
+def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs: list[str] | None = None,
+             log: Callable[[str], None] = print, stop_after: int | None = None) -> dict[str, Any]:
+    """Run every pair x arm x seed not yet finished under `out`, then write the summary and plots
+    (also after each run, so an unfinished grid has a summary of what is done).
+
+    `pairs`: only these pairs (several processes can share one output directory, one pair each);
+    `stop_after`: run at most this many new runs, then return (tests use it to play an interruption)."""
+    from swarm_node.experiment.lockstep import run_lockstep
+    from swarm_node.experiment.summary import write_summary
+    from swarm_node.experiment.swarm_mode import run_swarm
+    from swarm_node.tasks import load_prompt_set
+
+    mode = mode or spec.experiment.mode
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "spec.json", spec.model_dump_json(indent=1))
+    models = prepare_models(spec, log)
+    probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", models[n.name]) for i, n in enumerate(spec.nodes)]
+    tasks = {json.dumps(c.task.model_dump(mode="json"), sort_keys=True): c.task for c in probe}
+    heldout = heldout_set(spec, [load_prompt_set(t) for t in tasks.values()])
+    atomic_write_text(out / "heldout.json", json.dumps([p.__dict__ for p in heldout.problems]))
+    evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt, out / "eval0.json")
+    evaluator.model_keys = {n.name: f"{models[n.name]}|lora={c.model.lora.enabled}" for n, c in zip(spec.nodes, probe, strict=True)}
+    unknown = sorted(set(pairs or []) - {p.name for p in spec.pairs})
+    if unknown:
+        raise ValueError(f"unknown pairs {unknown}; the file has {[p.name for p in spec.pairs]}")
+    runs = [r for r in spec.runs() if pairs is None or r[0].name in pairs]
+    done_now, t_grid = 0, time.perf_counter()
+    try:
+        for i, (pair, arm, seed) in enumerate(runs):
+            rid = run_id(pair, arm, seed)
+            run_dir = out / "runs" / rid
+            if (run_dir / "done.json").exists():
+                log(f"[{i + 1}/{len(runs)}] {rid}: done already, skipped")
+                continue
+            if stop_after is not None and done_now >= stop_after:
+                break
+            if run_dir.exists():
+                shutil.rmtree(run_dir)  # an interrupted run starts over
+            run_dir.mkdir(parents=True)
+            configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
+                                          run_dir / name, models[name])) for name in pair.nodes]
+            log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
+            t0 = time.perf_counter()
+            kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
+                          run_dir=run_dir, log=log)
+            if mode == "lockstep":
+                run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
+            else:
+                run_swarm(configs, **kwargs)
+            seconds = time.perf_counter() - t0
+            done_now += 1
+            atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
+            left = sum(1 for p, a, s in runs[i + 1:] if not (out / "runs" / run_id(p, a, s) / "done.json").exists())
+            rate = (time.perf_counter() - t_grid) / done_now
+            log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
+            write_summary(out, spec)
+    finally:
+        evaluator.close()
+    shutil.rmtree(out / "probe", ignore_errors=True)
+    return write_summary(out, spec)

@@ -1,0 +1,189 @@
+"""An experiment file: nodes, pairs of nodes, arms, seeds, steps and a held-out evaluation schedule.
+
+    [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir
+    [eval]        every, problems, batch_size, max_new_tokens, task = {TaskConfig fields}
+    [defaults]    NodeConfig sections shared by every node of every arm (model, generation, train, task, ...)
+    [[nodes]]     name, model, lora, learning_rate, temperature, levels, set = [dotted overrides],
+                  warmup = {base, levels, ops, steps, learning_rate, ...} (optional: a cached supervised
+                  warm-up of a tiny-random base model; `model` is then filled in)
+    [[pairs]]     name, nodes = [node names]: one swarm each (default: one pair of all nodes)
+    [[arms]]      name, variant ("isolated" | nois | vis | tis | f-nois | f-vis | f-tis),
+                  collaboration ("vertical" | "horizontal"), set = [dotted overrides]
+
+The grid is pairs x arms x seeds. Every arm gives each node the same own-generation budget
+(steps x prompts_per_step x group_size); an `isolated` arm trains every node alone with on-policy
+GRPO. `node_config` turns (node, arm, seed) into the production `NodeConfig`, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from swarm_node.config import LossVariant, NodeConfig, TaskConfig, apply_override
+from swarm_node.experiment.warmup import WarmupSpec
+
+ArmVariant = Literal["isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
+DEFAULT_CACHE = Path("~/.cache/swarm-node/experiment")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ExperimentSection(_Strict):
+    name: str = Field("experiment", description="A name for the grid (used in titles).")
+    mode: Literal["lockstep", "swarm"] = Field(
+        "lockstep", description="lockstep: all nodes of an arm in one process over the in-memory transport; "
+                                "swarm: real processes over the hivemind DHT (`swarm-node local`).")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="One run per seed.")
+    steps: int = Field(20, ge=1, description="RL steps per node per run.")
+    peer_lag: int = Field(0, ge=0, le=8, description="Lockstep: peers' records become visible k steps late.")
+    cache_dir: Path = Field(DEFAULT_CACHE, description="Where warm-up models and converted models are cached.")
+
+
+class EvalSection(_Strict):
+    every: int = Field(10, ge=1, description="Evaluate every K steps (and at step 0 and the last step).")
+    problems: int = Field(64, ge=1, description="N held-out problems (greedy pass@1).")
+    batch_size: int = Field(64, ge=1, description="Evaluation batch size.")
+    max_new_tokens: int = Field(32, ge=1, description="Completion cap at evaluation.")
+    task: dict[str, Any] = Field(default_factory=lambda: {"name": "arithmetic", "seed": 1_000_003},
+                                 description="TaskConfig of the held-out set; arithmetic problems that "
+                                             "appear in any node's training set are removed.")
+
+
+class NodeSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    model: str | None = None
+    lora: bool | None = None
+    learning_rate: float | None = Field(None, gt=0)
+    temperature: float | None = Field(None, gt=0)
+    levels: list[int] | None = None
+    set: list[str] = Field(default_factory=list)
+    warmup: dict[str, Any] | None = None
+
+    def warmup_spec(self, system_prompt: str | None) -> WarmupSpec | None:
+        if self.warmup is None:
+            return None
+        w = dict(self.warmup)
+        for key in ("levels", "ops"):
+            if key in w:
+                w[key] = tuple(w[key])
+        w.setdefault("system_prompt", system_prompt)
+        return WarmupSpec(**w)
+
+
+class PairSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    nodes: list[str] = Field(min_length=1)
+
+
+class ArmSpec(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
+    variant: ArmVariant
+    collaboration: Literal["vertical", "horizontal"] = "vertical"
+    set: list[str] = Field(default_factory=list)
+
+
+class ExperimentSpec(_Strict):
+    experiment: ExperimentSection = Field(default_factory=ExperimentSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    nodes: list[NodeSpec] = Field(min_length=1)
+    pairs: list[PairSpec] = Field(default_factory=list)
+    arms: list[ArmSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentSpec:
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"node names must be unique, got {names}")
+        if not self.pairs:
+            self.pairs = [PairSpec(name="all", nodes=names)]
+        for pair in self.pairs:
+            unknown = [n for n in pair.nodes if n not in names]
+            if unknown:
+                raise ValueError(f"pair {pair.name!r} names unknown nodes {unknown}; nodes are {names}")
+        for group, items in (("pairs", self.pairs), ("arms", self.arms)):
+            seen = [i.name for i in items]
+            if len(set(seen)) != len(seen):
+                raise ValueError(f"{group} names must be unique, got {seen}")
+        for node in self.nodes:
+            if node.model is None and node.warmup is None:
+                raise ValueError(f"node {node.name!r} needs `model` or `warmup`")
+        return self
+
+    @classmethod
+    def load(cls, path: Path, overrides: list[str] | None = None) -> ExperimentSpec:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        for item in overrides or []:
+            apply_override(data, item)
+        return cls.model_validate(data)
+
+    def node(self, name: str) -> NodeSpec:
+        return next(n for n in self.nodes if n.name == name)
+
+    def quick(self) -> ExperimentSpec:
+        """A few steps, one seed, a small evaluation: checks that a file runs end to end."""
+        q = self.model_copy(deep=True)
+        q.experiment.seeds = q.experiment.seeds[:1]
+        q.experiment.steps = min(q.experiment.steps, 4)
+        q.eval.every = q.experiment.steps
+        q.eval.problems = min(q.eval.problems, 16)
+        return q
+
+    def runs(self) -> list[tuple[PairSpec, ArmSpec, int]]:
+        return [(p, a, s) for p in self.pairs for a in self.arms for s in self.experiment.seeds]
+
+
+def run_id(pair: PairSpec, arm: ArmSpec, seed: int) -> str:
+    return f"{pair.name}/{arm.name}/seed{seed}"
+
+
+def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, node_index: int,
+                node_dir: Path, model_name: str | None = None) -> NodeConfig:
+    """The production NodeConfig of `node` in `arm` for `seed` (model_name: a warm model's directory)."""
+    data: dict[str, Any] = json.loads(json.dumps(spec.defaults))
+    data["node_dir"] = str(node_dir)
+    model = data.setdefault("model", {})
+    model["name"] = model_name or node.model
+    model.setdefault("cache_dir", str(spec.experiment.cache_dir.expanduser() / "models"))
+    if node.lora is not None:
+        model.setdefault("lora", {})["enabled"] = node.lora
+    train = data.setdefault("train", {})
+    if node.learning_rate is not None:
+        train["learning_rate"] = node.learning_rate
+    train["total_steps"] = spec.experiment.steps
+    train["seed"] = seed * 1009 + node_index  # nodes of a run differ; arms of a seed agree
+    if node.temperature is not None:
+        data.setdefault("generation", {})["temperature"] = node.temperature
+    if node.levels is not None:
+        data.setdefault("task", {})["levels"] = node.levels
+    swarm = data.setdefault("swarm", {})
+    swarm["swarm_id"] = f"exp-s{seed}"  # salts prompt selection: the same prompts in every arm of a seed
+    swarm["collaboration"] = arm.collaboration
+    swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", 4)), spec.experiment.peer_lag + 1)
+    objective = data.setdefault("objective", {})
+    if arm.variant == "isolated":
+        swarm["enabled"] = False
+        swarm["max_peer_fraction"] = 0.0
+        objective["variant"] = "grpo"
+    else:
+        swarm["enabled"] = True
+        objective["variant"] = arm.variant
+    for item in [*node.set, *arm.set]:
+        apply_override(data, item)
+    return NodeConfig.model_validate(data)
+
+
+def variant_of(arm: ArmSpec) -> LossVariant:
+    return "grpo" if arm.variant == "isolated" else arm.variant
+
+
+def eval_task(spec: ExperimentSpec) -> TaskConfig:
+    return TaskConfig.model_validate(spec.eval.task)

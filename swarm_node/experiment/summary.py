@@ -1,0 +1,200 @@
+"""Statistics over seeds, the grid's summary (markdown + JSON) and its plots.
+
+Per pair, arm and node: final held-out accuracy and area under the accuracy curve (the trapezoid
+area divided by the step span: the mean accuracy over the run), each as mean and 95% interval over
+seeds (Student t: mean +/- t_{0.975, n-1} * sd / sqrt(n)); the same for the per-seed difference to
+the isolated arm (paired by seed, so the shared starting point and prompt order cancel); and from
+the nodes' own metrics: peer samples used, the fraction of peer samples filtered, the mean
+importance weight pi_theta/pi_gen on scored tokens and the mean KL to peers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from swarm_node.atomic import atomic_write_text, atomic_write_with
+
+# Student t quantile t_{0.975, df} for df = 1..30 (beyond: the normal 1.96 is within 2%).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, half width of the 95% t interval); the half width is nan for fewer than 2 values."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t975(n - 1) * sd / math.sqrt(n)
+
+
+def curve_auc(steps: Sequence[float], values: Sequence[float]) -> float:
+    """Trapezoid area under (steps, values) divided by the step span (= mean value over the run)."""
+    if len(steps) != len(values) or not steps:
+        raise ValueError("steps and values must be non-empty and of equal length")
+    if len(steps) == 1:
+        return float(values[0])
+    area = sum((steps[i + 1] - steps[i]) * (values[i + 1] + values[i]) / 2 for i in range(len(steps) - 1))
+    return area / (steps[-1] - steps[0])
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
+    """Peer-data statistics of one node over one run, from its metrics.jsonl."""
+    rows = _read_jsonl(run_dir / node / "metrics.jsonl")
+    peer = sum(r.get("peer_samples", 0.0) for r in rows)
+    used = sum(r.get("peer_samples_used", 0.0) for r in rows)
+    with_peers = [r for r in rows if r.get("peer_samples", 0.0) > 0]
+    return {
+        "peer_samples": peer,
+        "peer_samples_used": used,
+        "peer_filtered_fraction": 1.0 - used / peer if peer > 0 else math.nan,
+        "is_weight_mean": (sum(r.get("is_weight_mean", 0.0) for r in with_peers) / len(with_peers)
+                           if with_peers else math.nan),
+        "kl_peer_mean": (sum(r.get("kl_peer_mean", 0.0) for r in with_peers) / len(with_peers)
+                         if with_peers else math.nan),
+        "train_reward_last5": (sum(r.get("reward_mean", 0.0) for r in rows[-5:]) / len(rows[-5:]) if rows else math.nan),
+    }
+
+
+def collect(out: Path, spec: Any) -> dict[str, Any]:
+    """{pair: {arm: {node: {seed: {steps, acc, final, auc, **run_metrics}}}}} over finished runs."""
+    data: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    for pair, arm, seed in spec.runs():
+        run_dir = out / "runs" / pair.name / arm.name / f"seed{seed}"
+        if not (run_dir / "done.json").exists():
+            continue
+        rows = _read_jsonl(run_dir / "evals.jsonl")
+        for node in pair.nodes:
+            pts = sorted((r["step"], r["accuracy"]) for r in rows if r["node"] == node)
+            if not pts:
+                continue
+            steps, acc = [p[0] for p in pts], [p[1] for p in pts]
+            data[pair.name][arm.name][node][seed] = {"steps": steps, "acc": acc, "final": acc[-1],
+                                                     "auc": curve_auc(steps, acc), **run_metrics(run_dir, node)}
+    return data
+
+
+def _fmt(m: float, h: float, digits: int = 3) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f}"
+
+
+def _finite_mean(values: list[float]) -> float:
+    vals = [v for v in values if not math.isnan(v)]
+    return sum(vals) / len(vals) if vals else math.nan
+
+
+def summarise(data: dict, spec: Any) -> dict[str, Any]:
+    """Per pair/arm/node: intervals of final and AUC, paired differences to `isolated`, peer stats."""
+    table: dict = {}
+    for pair in spec.pairs:
+        for arm in spec.arms:
+            for node in pair.nodes:
+                runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
+                if not runs:
+                    continue
+                iso = data.get(pair.name, {}).get("isolated", {}).get(node, {})
+                paired = sorted(s for s in runs if s in iso)
+                row = {"seeds": sorted(runs),
+                       "final": mean_ci([r["final"] for r in runs.values()]),
+                       "auc": mean_ci([r["auc"] for r in runs.values()]),
+                       "d_final": mean_ci([runs[s]["final"] - iso[s]["final"] for s in paired]),
+                       "d_auc": mean_ci([runs[s]["auc"] - iso[s]["auc"] for s in paired]),
+                       **{k: _finite_mean([r[k] for r in runs.values()])
+                          for k in ("peer_samples_used", "peer_filtered_fraction", "is_weight_mean", "kl_peer_mean",
+                                    "train_reward_last5")}}
+                table[f"{pair.name}|{arm.name}|{node}"] = row
+    return table
+
+
+def markdown(table: dict, spec: Any, out: Path) -> str:
+    e = spec.experiment
+    lines = [f"# {e.name}: held-out accuracy, mean ± 95% interval over seeds", "",
+             f"seeds {e.seeds}, {e.steps} steps, held-out: {spec.eval.problems} problems greedy pass@1 every "
+             f"{spec.eval.every} steps; Δ = paired difference to the isolated arm (same seed). "
+             "AUC = mean accuracy over the curve. peer used = peer samples that carried gradient per run; "
+             "filtered = fraction of peer samples filtered; IS = mean pi_theta/pi_gen; KL = mean per-sample KL "
+             "to peers.", ""]
+    for pair in spec.pairs:
+        lines += [f"## {pair.name}: {' + '.join(pair.nodes)}", "", f"![{pair.name}](plots/{pair.name}.png)", "",
+                  "| arm | node | final | AUC | Δ final | Δ AUC | peer used | filtered | IS | KL | n |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for arm in spec.arms:
+            for node in pair.nodes:
+                row = table.get(f"{pair.name}|{arm.name}|{node}")
+                if row is None:
+                    continue
+                iso = arm.name == "isolated"
+                used = "" if iso else f"{row['peer_samples_used']:.0f}"
+                lines.append(
+                    f"| {arm.name} | {node} | {_fmt(*row['final'])} | {_fmt(*row['auc'])} | "
+                    f"{'' if iso else _fmt(*row['d_final'])} | {'' if iso else _fmt(*row['d_auc'])} | "
+                    f"{used} | "
+                    f"{'' if iso else _fmt(row['peer_filtered_fraction'], math.nan, 2)} | "
+                    f"{'' if iso else _fmt(row['is_weight_mean'], math.nan, 2)} | "
+                    f"{'' if iso else _fmt(row['kl_peer_mean'], math.nan, 2)} | {len(row['seeds'])} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(pair.nodes), figsize=(4.2 * len(pair.nodes), 3.2), squeeze=False)
+    for ax, node in zip(axes[0], pair.nodes, strict=True):
+        for arm in spec.arms:
+            runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
+            if not runs:
+                continue
+            steps = min((r["steps"] for r in runs.values()), key=len)
+            stats = [mean_ci([r["acc"][r["steps"].index(s)] for r in runs.values()]) for s in steps]
+            mean = [m for m, _ in stats]
+            half = [0.0 if math.isnan(h) else h for _, h in stats]
+            style = "--" if arm.collaboration == "horizontal" else "-"
+            line, = ax.plot(steps, mean, style, label=arm.name, lw=2.0 if arm.variant in ("isolated", "f-tis") else 1.2)
+            ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                            color=line.get_color(), alpha=0.12)
+        ax.set_title(f"{pair.name}: {node}", fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("held-out accuracy", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
+    plt.close(fig)
+
+
+def write_summary(out: Path, spec: Any) -> dict[str, Any]:
+    data = collect(out, spec)
+    table = summarise(data, spec)
+    atomic_write_text(out / "summary.json", json.dumps({"table": table, "runs": data}, indent=1, default=str))
+    atomic_write_text(out / "summary.md", markdown(table, spec, out))
+    for pair in spec.pairs:
+        if data.get(pair.name):
+            plot_pair(data, spec, pair, out / "plots" / f"{pair.name}.png")
+    return table

@@ -1,0 +1,137 @@
+"""The CPU sandbox's starting points: tiny models built in code, then a short supervised warm-up on
+the arithmetic task so that RL starts from partial competence (GRPO learns only from groups whose
+rewards differ, and a random model never answers right).
+
+A warm-up is a pure function of its `WarmupSpec` (the base tiny spec, which arithmetic levels and
+which answer operations it sees, steps, learning rate, batch, seed), so its result is cached on disk
+under a name derived from the spec and reused by every run of a grid; the directory is written
+atomically (under a file lock) and is an ordinary model directory that `model.name` can name.
+
+Supervised targets are the bare boxed answer (`\\boxed{N}` then the end-of-turn token) after the
+prompt the node renders itself, so the warm-up teaches the answer format and some arithmetic, and RL
+improves the arithmetic. Loss is on completion tokens only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from swarm_node.policy import tiny
+from swarm_node.policy.models import _ensure_dir
+from swarm_node.tasks.arithmetic import arithmetic_problem
+from swarm_node.tasks.base import Problem
+from swarm_node.tasks.prompts import render_prompt
+
+WARMUP_VERSION = 1  # bump when the construction below changes: cached directories are then rebuilt
+WARMUP_DATA_SEED = 7_777  # the supervised problems come from their own procedural set
+
+
+@dataclass(frozen=True)
+class WarmupSpec:
+    """What a warm-up is made of. `ops`: which problems it sees ("add", "sub" or both): a specialist
+    warms up on one part of the distribution only."""
+
+    base: str  # a tiny-random spec
+    levels: tuple[int, ...] = (1,)
+    ops: tuple[str, ...] = ("add", "sub")
+    steps: int = 300
+    learning_rate: float = 3e-3
+    batch_size: int = 32
+    seed: int = 0
+    system_prompt: str | None = None
+    extra: dict = field(default_factory=dict)  # reserved; part of the cache name
+
+    def cache_name(self) -> str:
+        payload = json.dumps({**asdict(self), "version": WARMUP_VERSION}, sort_keys=True)
+        return f"warm-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
+
+
+def problem_op(problem: Problem) -> str:
+    """'add' or 'sub' for levels 1-2 (read from the answer against the numbers in the question)."""
+    nums = [int(t) for t in problem.question.replace("?", " ").replace(".", " ").split() if t.isdigit()]
+    if len(nums) >= 2 and nums[0] + nums[1] == int(problem.answer):
+        return "add"
+    return "sub"
+
+
+def warmup_problems(spec: WarmupSpec, count: int) -> list[Problem]:
+    """`count` supervised problems of the spec's levels and operations (deterministic)."""
+    out: list[Problem] = []
+    i = 0
+    while len(out) < count:
+        level = spec.levels[i % len(spec.levels)]
+        p = arithmetic_problem(WARMUP_DATA_SEED + spec.seed, level, i)
+        i += 1
+        if level > 2 or problem_op(p) in spec.ops:
+            out.append(p)
+        if i > 50 * count + 1000:
+            raise ValueError(f"warm-up ops {spec.ops} match no problems of levels {spec.levels}")
+    return out
+
+
+def _examples(tok, problems: list[Problem], system_prompt: str | None) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for p in problems:
+        prompt = render_prompt(tok, p.question, system_prompt)
+        target = tok("\\boxed{" + p.answer + "}", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        out.append((prompt, list(target)))
+    return out
+
+
+def _batch_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) -> torch.Tensor:
+    width = max(len(p) + len(t) for p, t in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (p, t) in enumerate(batch):
+        seq = p + t
+        ids[row, : len(seq)] = torch.tensor(seq)
+        labels[row, len(p): len(seq)] = torch.tensor(t)
+        mask[row, : len(seq)] = 1
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
+    """Build the base tiny model, train it on the spec's problems, save model + tokenizer to `out`."""
+    base = tiny.parse_tiny_spec(spec.base)
+    tok = tiny.build_tiny_tokenizer(base.variant)
+    model = tiny.build_tiny_model(base, tok)
+    examples = _examples(tok, warmup_problems(spec, spec.steps * spec.batch_size // 4 + 64), spec.system_prompt)
+    rng = random.Random(spec.seed)
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.0)
+        losses = []
+        for step in range(spec.steps):
+            frac = step / max(1, spec.steps)
+            for g in opt.param_groups:  # short linear warmup, then cosine-free linear decay
+                g["lr"] = spec.learning_rate * min(1.0, (step + 1) / 20) * (1.0 - 0.9 * frac)
+            loss = _batch_loss(model, rng.sample(examples, spec.batch_size), tok.pad_token_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            losses.append(loss.item())
+            if (step + 1) % 100 == 0:
+                log(f"warm-up {spec.cache_name()} step {step + 1}/{spec.steps} loss {sum(losses[-100:]) / 100:.4f}")
+    model.eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    info = {"spec": asdict(spec), "final_loss": sum(losses[-20:]) / min(20, len(losses)),
+            "seconds": time.perf_counter() - start}
+    (out / "warmup.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def ensure_warm_model(spec: WarmupSpec, cache_dir: Path, log=print) -> Path:
+    """The warm model's directory under `cache_dir`, trained once and reused (atomic, locked)."""
+    return _ensure_dir(Path(cache_dir) / spec.cache_name(), lambda out: train_warmup(spec, out, log))

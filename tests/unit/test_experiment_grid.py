@@ -1,0 +1,138 @@
+"""The experiment harness end to end on tiny models: a 2-arm x 2-seed grid runs with the production
+node code, an interrupted grid resumes without redoing finished runs, lockstep is deterministic for
+a seed, the swarm-mode config round-trips, and peer_lag delays what peers see."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarm_node.experiment.grid import run_grid
+from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
+from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.swarm_mode import local_file
+from swarm_node.swarm.memory import MemorySwarm
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+SPEC = """
+[experiment]
+name = "tiny"
+seeds = [0, 1]
+steps = 2
+cache_dir = "{cache}"
+[eval]
+every = 2
+problems = 4
+batch_size = 4
+max_new_tokens = 6
+[defaults]
+generation = {{ group_size = 4, max_new_tokens = 6 }}
+train = {{ prompts_per_step = 2, micro_batch_size = 4, learning_rate = 0.01 }}
+task = {{ name = "arithmetic", levels = [1], size = 50, format_reward = 0.5, system_prompt = "Answer in \\\\boxed{{}}." }}
+[[nodes]]
+name = "a"  # a few supervised steps: it writes \\boxed{{}} sometimes, so rewards differ within groups
+warmup = {{ base = "tiny-random:32x1", steps = 40, batch_size = 8, learning_rate = 0.01 }}
+[[nodes]]
+name = "b"
+model = "tiny-random:32x1:a:1"
+[[arms]]
+name = "isolated"
+variant = "isolated"
+[[arms]]
+name = "f-tis"
+variant = "f-tis"
+"""
+
+VOLATILE = {"time", "tokens_per_s", "gen_seconds", "train_seconds", "step_seconds", "eval_seconds"}
+
+
+def _stable(path):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
+
+
+@pytest.fixture()
+def spec(tmp_path):
+    path = tmp_path / "exp.toml"
+    path.write_text(SPEC.format(cache=tmp_path / "cache"))
+    return ExperimentSpec.load(path)
+
+
+def test_grid_runs_resumes_and_is_deterministic(spec, tmp_path):
+    out = tmp_path / "out"
+    logs: list[str] = []
+    run_grid(spec, out, log=logs.append, stop_after=3)  # an interruption after three runs
+    done = sorted(p.parent.relative_to(out / "runs").as_posix() for p in out.glob("runs/*/*/*/done.json"))
+    assert done == ["all/f-tis/seed0", "all/isolated/seed0", "all/isolated/seed1"]
+    first = {d: (out / "runs" / d / "done.json").stat().st_mtime_ns for d in done}
+    partial = out / "runs/all/f-tis/seed1"
+    partial.mkdir(parents=True)
+    (partial / "evals.jsonl").write_text("torn")  # a run killed half-way: started over
+
+    logs.clear()
+    table = run_grid(spec, out, log=logs.append)
+    assert sum("done already, skipped" in m for m in logs) == 3
+    assert {d: (out / "runs" / d / "done.json").stat().st_mtime_ns for d in done} == first
+    assert (partial / "done.json").exists()
+
+    # The summary: every arm x node, two seeds, and a real plot.
+    assert set(table) == {"all|isolated|a", "all|isolated|b", "all|f-tis|a", "all|f-tis|b"}
+    assert all(row["seeds"] == [0, 1] for row in table.values())
+    assert (out / "plots/all.png").read_bytes()[:8] == PNG_MAGIC
+    md = (out / "summary.md").read_text()
+    assert "| f-tis | a |" in md and "| isolated | b |" in md
+    evals = _stable(out / "runs/all/f-tis/seed0/evals.jsonl")
+    assert [(r["node"], r["step"]) for r in evals] == [("a", 0), ("b", 0), ("a", 2), ("b", 2)]
+    assert all(r["n"] == 4 for r in evals)
+    # The production node ran: its metrics log has every step, and the swarm arm saw peer samples.
+    swarm_log = _stable(out / "runs/all/f-tis/seed0/b/metrics.jsonl")
+    assert [r["step"] for r in swarm_log] == [1.0, 2.0]
+    assert sum(r["peer_samples"] for r in swarm_log) > 0
+    iso_log = _stable(out / "runs/all/isolated/seed0/b/metrics.jsonl")
+    assert sum(r["peer_samples"] for r in iso_log) == 0
+
+    # Determinism: the same run again gives the same metrics and evaluations.
+    run = out / "runs/all/f-tis/seed0"
+    before = (_stable(run / "a/metrics.jsonl"), _stable(run / "b/metrics.jsonl"), evals)
+    (run / "done.json").unlink()
+    run_grid(spec, out, log=logs.append)
+    after = (_stable(run / "a/metrics.jsonl"), _stable(run / "b/metrics.jsonl"), _stable(run / "evals.jsonl"))
+    assert after == before
+    assert any(r["active_tokens"] > 0 and r["grad_norm"] > 0 for r in before[0])  # the compared runs trained
+
+
+def test_peer_lag_holds_writes_back(tmp_path):
+    clock = RoundClock(30.0)
+    swarm = MemorySwarm(clock=clock)
+    delivery = Delivery(swarm, lag=2)
+    a = LaggedTransport(swarm, "a", delivery, clock)
+    b = LaggedTransport(swarm, "b", delivery, clock)
+    a.store_owned("k", b"v0", clock() + 1000)
+    digest = a.put_blob(b"blob", clock() + 1000)
+    assert b.get_all("k", 1.0) == {} and b.get_blob(digest, 1.0) is None
+    clock.round = 1
+    delivery.release(1)
+    assert b.get_all("k", 1.0) == {}
+    clock.round = 2
+    delivery.release(2)
+    assert b.get_all("k", 1.0)["a"].value == b"v0" and b.get_blob(digest, 1.0) == b"blob"
+
+
+def test_swarm_mode_file_reproduces_each_node_config(spec, tmp_path):
+    import tomllib
+
+    from swarm_node.local import _node_config, plan_nodes
+
+    configs = [(n.name, node_config(spec, n, spec.arms[1], 3, i, tmp_path / n.name)) for i, n in enumerate(spec.nodes)]
+    path = tmp_path / "local.toml"
+    path.write_text(local_file(configs, every=2, steps=2))
+    assert tomllib.loads(path.read_text())["nodes"] == 2
+    shared, per_node = plan_nodes(2, path)
+    for i, (name, cfg) in enumerate(configs):
+        got = _node_config(shared, per_node[i], i, tmp_path / "run", 2, [], [])
+        assert per_node[i]["name"] == name
+        assert got.model == cfg.model and got.objective == cfg.objective and got.train == cfg.train
+        assert got.task == cfg.task and got.generation == cfg.generation
+        assert got.checkpoint.every_steps == 2

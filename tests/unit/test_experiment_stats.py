@@ -1,0 +1,107 @@
+"""Experiment statistics and spec: intervals and areas equal hand-computed values; specs are checked."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.summary import curve_auc, mean_ci, summarise, t975
+
+
+def test_mean_ci_on_known_input():
+    # values 0.2, 0.4, 0.6: mean 0.4, sd 0.2, n 3 -> half width t_{0.975,2} * 0.2 / sqrt(3) = 4.303 * 0.11547
+    m, h = mean_ci([0.2, 0.4, 0.6])
+    assert m == pytest.approx(0.4)
+    assert h == pytest.approx(4.303 * 0.2 / math.sqrt(3), rel=1e-9)
+    assert h == pytest.approx(0.49687, abs=1e-4)
+    # two values: df 1, t = 12.706
+    m2, h2 = mean_ci([1.0, 3.0])
+    assert (m2, h2) == (pytest.approx(2.0), pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2)))
+
+
+def test_mean_ci_degenerate_inputs():
+    m, h = mean_ci([0.5])
+    assert m == 0.5 and math.isnan(h)
+    m, h = mean_ci([])
+    assert math.isnan(m) and math.isnan(h)
+    assert mean_ci([0.3, 0.3, 0.3]) == (pytest.approx(0.3), pytest.approx(0.0))
+    assert t975(40) == 1.96
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_curve_auc_is_mean_accuracy_over_the_run():
+    # trapezoids: (0..10) (0+0.5)/2*10 = 2.5; (10..20) (0.5+0.5)/2*10 = 5 -> 7.5 / 20
+    assert curve_auc([0, 10, 20], [0.0, 0.5, 0.5]) == pytest.approx(0.375)
+    assert curve_auc([0, 5, 20], [0.2, 0.2, 0.2]) == pytest.approx(0.2)
+    assert curve_auc([7], [0.3]) == 0.3
+    with pytest.raises(ValueError):
+        curve_auc([0, 1], [0.1])
+
+
+SPEC = """
+[experiment]
+seeds = [0, 1, 2]
+steps = 10
+[[nodes]]
+name = "a"
+model = "tiny-random:64x1"
+[[nodes]]
+name = "b"
+model = "tiny-random:32x1"
+lora = true
+learning_rate = 0.01
+[[arms]]
+name = "isolated"
+variant = "isolated"
+[[arms]]
+name = "f-tis"
+variant = "f-tis"
+"""
+
+
+def _spec(tmp_path, text=SPEC):
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    return ExperimentSpec.load(path)
+
+
+def test_summary_pairs_differences_by_seed(tmp_path):
+    spec = _spec(tmp_path)
+    runs = {
+        "isolated": {0: 0.2, 1: 0.5, 2: 0.3},
+        "f-tis": {0: 0.3, 1: 0.6, 2: 0.5},  # differences 0.1, 0.1, 0.2
+    }
+    data = {"all": {arm: {"a": {s: {"final": v, "auc": v / 2, "peer_samples_used": 4.0,
+                                    "peer_filtered_fraction": 0.5, "is_weight_mean": 1.0, "kl_peer_mean": 0.1,
+                                    "train_reward_last5": 0.0}
+                                for s, v in by_seed.items()}} for arm, by_seed in runs.items()}}
+    table = summarise(data, spec)
+    d_mean, d_half = table["all|f-tis|a"]["d_final"]
+    assert d_mean == pytest.approx(0.4 / 3)
+    sd = math.sqrt(((0.1 - 0.4 / 3) ** 2 * 2 + (0.2 - 0.4 / 3) ** 2) / 2)
+    assert d_half == pytest.approx(4.303 * sd / math.sqrt(3))
+    assert table["all|f-tis|a"]["final"][0] == pytest.approx(1.4 / 3)
+    assert table["all|isolated|a"]["d_final"] == (pytest.approx(0.0), pytest.approx(0.0))
+
+
+def test_node_config_is_the_production_config(tmp_path):
+    spec = _spec(tmp_path)
+    iso = node_config(spec, spec.node("a"), spec.arms[0], seed=1, node_index=0, node_dir=tmp_path / "a")
+    swarm = node_config(spec, spec.node("b"), spec.arms[1], seed=1, node_index=1, node_dir=tmp_path / "b")
+    assert iso.objective.variant == "grpo" and not iso.swarm.enabled and iso.swarm.max_peer_fraction == 0
+    assert swarm.objective.variant == "f-tis" and swarm.swarm.enabled
+    assert swarm.model.lora.enabled and swarm.train.learning_rate == 0.01
+    assert iso.train.total_steps == swarm.train.total_steps == 10
+    assert iso.train.seed != swarm.train.seed
+    assert iso.swarm.swarm_id == swarm.swarm.swarm_id == "exp-s1"  # prompt order agrees across arms
+    assert len(spec.runs()) == 6 and spec.quick().experiment.seeds == [0]
+
+
+def test_spec_rejects_unknown_nodes_and_variants(tmp_path):
+    with pytest.raises(ValueError, match="unknown nodes"):
+        _spec(tmp_path, SPEC + '[[pairs]]\nname = "p"\nnodes = ["a", "zz"]\n')
+    with pytest.raises(ValueError):
+        _spec(tmp_path, SPEC.replace('variant = "f-tis"', 'variant = "magic"'))
