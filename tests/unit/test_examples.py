@@ -14,7 +14,8 @@ from swarm_node import metrics as m
 from swarm_node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE_CONFIGS = sorted((ROOT / "examples" / "paper_gpu_replication").glob("*.toml")) + [ROOT / "deploy" / "node.toml"]
+NODE_CONFIGS = sorted(p for p in (ROOT / "examples" / "paper_gpu_replication").glob("*.toml")
+                      if p.name != "experiment.toml") + [ROOT / "deploy" / "node.toml"]  # experiment.toml: an experiment file
 SECTIONS = set(NodeConfig.model_fields)
 
 
