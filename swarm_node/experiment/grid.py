@@ -24,13 +24,16 @@ from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, r
 from swarm_node.tasks.base import PromptSet, content_id
 
 
-def prepare_models(spec: ExperimentSpec, log: Callable[[str], None]) -> dict[str, str]:
-    """node name -> model name (a warm model's directory when the node has a warm-up)."""
+def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[str] | None = None) -> dict[str, str]:
+    """node name -> model name (a warm model's directory when the node has a warm-up), for `names`
+    (default: every node)."""
     from swarm_node.experiment.warmup import ensure_warm_model
 
     system_prompt = spec.defaults.get("task", {}).get("system_prompt")
     out = {}
     for node in spec.nodes:
+        if names is not None and node.name not in names:
+            continue
         warm = node.warmup_spec(system_prompt)
         if warm is None:
             out[node.name] = str(node.model)
@@ -105,17 +108,21 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     mode = mode or spec.experiment.mode
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "spec.json", spec.model_dump_json(indent=1))
-    models = prepare_models(spec, log)
-    probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", models[n.name]) for i, n in enumerate(spec.nodes)]
-    tasks = {json.dumps(c.task.model_dump(mode="json"), sort_keys=True): c.task for c in probe}
-    heldout = heldout_set(spec, [load_prompt_set(t) for t in tasks.values()])
-    atomic_write_text(out / "heldout.json", json.dumps([p.__dict__ for p in heldout.problems]))
-    evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt, out / "eval0.json")
-    evaluator.model_keys = {n.name: f"{models[n.name]}|lora={c.model.lora.enabled}" for n, c in zip(spec.nodes, probe, strict=True)}
     unknown = sorted(set(pairs or []) - {p.name for p in spec.pairs})
     if unknown:
         raise ValueError(f"unknown pairs {unknown}; the file has {[p.name for p in spec.pairs]}")
     runs = [r for r in spec.runs() if pairs is None or r[0].name in pairs]
+    used = [n for n in spec.nodes if any(n.name in p.nodes for p, _, _ in runs)]
+    models = prepare_models(spec, log, {n.name for n in used})
+    # every node's training set counts, so that the held-out set is the same whichever pairs run
+    probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", models.get(n.name, "unused"))
+             for i, n in enumerate(spec.nodes)]
+    tasks = {json.dumps(c.task.model_dump(mode="json"), sort_keys=True): c.task for c in probe}
+    heldout = heldout_set(spec, [load_prompt_set(t) for t in tasks.values()])
+    atomic_write_text(out / "heldout.json", json.dumps([p.__dict__ for p in heldout.problems]))
+    evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt, out / "eval0.json")
+    evaluator.model_keys = {n.name: f"{models.get(n.name)}|lora={c.model.lora.enabled}"
+                            for n, c in zip(spec.nodes, probe, strict=True)}
     done_now, t_grid = 0, time.perf_counter()
     try:
         for i, (pair, arm, seed) in enumerate(runs):

@@ -138,7 +138,8 @@ class ExperimentSpec(_Strict):
         return q
 
     def runs(self) -> list[tuple[PairSpec, ArmSpec, int]]:
-        return [(p, a, s) for p in self.pairs for a in self.arms for s in self.experiment.seeds]
+        """Pair by pair, seed by seed, every arm: a grid stopped early has all arms for some seeds."""
+        return [(p, a, s) for p in self.pairs for s in self.experiment.seeds for a in self.arms]
 
 
 def run_id(pair: PairSpec, arm: ArmSpec, seed: int) -> str:
