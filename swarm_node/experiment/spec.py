@@ -132,7 +132,7 @@ class ExperimentSpec(_Strict):
         """A few steps, one seed, a small evaluation: checks that a file runs end to end."""
         q = self.model_copy(deep=True)
         q.experiment.seeds = q.experiment.seeds[:1]
-        q.experiment.steps = min(q.experiment.steps, 4)
+        q.experiment.steps = min(q.experiment.steps, 2)
         q.eval.every = q.experiment.steps
         q.eval.problems = min(q.eval.problems, 16)
         return q

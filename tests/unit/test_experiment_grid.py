@@ -26,14 +26,14 @@ cache_dir = "{cache}"
 every = 2
 problems = 4
 batch_size = 4
-max_new_tokens = 6
+max_new_tokens = 12
 [defaults]
-generation = {{ group_size = 4, max_new_tokens = 6 }}
+generation = {{ group_size = 4, max_new_tokens = 12 }}
 train = {{ prompts_per_step = 2, micro_batch_size = 4, learning_rate = 0.01 }}
 task = {{ name = "arithmetic", levels = [1], size = 50, format_reward = 0.5, system_prompt = "Answer in \\\\boxed{{}}." }}
 [[nodes]]
 name = "a"  # a few supervised steps: it writes \\boxed{{}} sometimes, so rewards differ within groups
-warmup = {{ base = "tiny-random:32x1", steps = 40, batch_size = 8, learning_rate = 0.01 }}
+warmup = {{ base = "tiny-random:32x1", steps = 60, batch_size = 8, learning_rate = 0.01 }}
 [[nodes]]
 name = "b"
 model = "tiny-random:32x1:a:1"
@@ -125,7 +125,8 @@ def test_swarm_mode_file_reproduces_each_node_config(spec, tmp_path):
 
     from swarm_node.local import _node_config, plan_nodes
 
-    configs = [(n.name, node_config(spec, n, spec.arms[1], 3, i, tmp_path / n.name)) for i, n in enumerate(spec.nodes)]
+    configs = [(n.name, node_config(spec, n, spec.arms[1], 3, i, tmp_path / n.name, n.model or "tiny-random:32x1"))
+               for i, n in enumerate(spec.nodes)]
     path = tmp_path / "local.toml"
     path.write_text(local_file(configs, every=2, steps=2))
     assert tomllib.loads(path.read_text())["nodes"] == 2
