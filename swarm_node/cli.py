@@ -149,6 +149,28 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
 
 
 @app.command()
+def bootstrap(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = None,
+              node_dir: Annotated[Path, typer.Option(help="Identity key lives here (created once).")] = Path("./bootstrap"),
+              host_maddr: Annotated[Optional[list[str]], typer.Option(help="Listen address, e.g. /ip4/0.0.0.0/tcp/31337.")] = None,
+              announce_maddr: Annotated[Optional[list[str]], typer.Option(help="Public address to announce.")] = None,
+              metrics_addr: Annotated[Optional[str], typer.Option(help="host:port for /metrics.")] = None,
+              verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """A DHT-only peer (no model) that nodes join through: persistent identity, /metrics."""
+    from swarm_node.bootstrap import BootstrapExit, run_bootstrap
+
+    extra = [*_peer_overrides(initial_peer), f"node_dir={json.dumps(str(node_dir))}"]
+    extra += [f"swarm.host_maddrs={json.dumps(host_maddr)}"] if host_maddr else []
+    extra += [f"swarm.announce_maddrs={json.dumps(announce_maddr)}"] if announce_maddr else []
+    extra += [f"metrics.prometheus_addr={json.dumps(metrics_addr)}"] if metrics_addr else []
+    _setup_logging(verbose)
+    try:
+        run_bootstrap(_load_config(config, set_, extra))
+    except BootstrapExit as e:
+        typer.secho(f"bootstrap: {e}", fg="red", err=True)
+        raise typer.Exit(1) from e
+
+
+@app.command()
 def local(nodes: Annotated[int, typer.Option(min=1, max=16, help="Node processes.")] = 2,
           steps: Annotated[int, typer.Option(min=1, help="Steps per node.")] = 6,
           config: Annotated[Optional[Path], typer.Option("--config", help="TOML describing the nodes.", exists=True)] = None,

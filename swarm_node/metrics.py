@@ -13,9 +13,13 @@ Counting conventions (all counts are *per step*, never cumulative):
   - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
     sample is counted under the first reason that applies (non-positive advantage, then KL).
   - `filtered_fraction`: all filtered samples / samples.
-  - `dropped_<reason>`: peer data rejected before training (malformed, stale, wrong tokenizer,
-    ...). Reasons are open-ended short identifiers; Prometheus exports them as one labelled
-    counter `swarm_node_dropped_total{reason="..."}`.
+  - `dropped_<reason>`: peer data rejected in this step before training (malformed, stale, wrong
+    tokenizer, ...). Reasons are open-ended short identifiers; Prometheus exports them as one
+    labelled counter `swarm_node_dropped_total{reason="..."}`. The running totals since the node
+    started are `total_dropped_<reason>` (the one exception to the per-step rule, named as such).
+  - network health (health.py): `live_peers`, `routing_table_size`, `alone_steps` are the state at
+    the end of the step; `bytes_sent`, `bytes_received`, `index_read_failures`, `store_failures`
+    count the step's traffic; `publish_seconds`, `gather_seconds` time its network work.
 """
 
 from __future__ import annotations
@@ -61,8 +65,16 @@ BYTES_PER_TOKEN = "bytes_per_token"
 BYTES_SENT = "bytes_sent"
 BYTES_RECEIVED = "bytes_received"
 EVAL_ACCURACY = "eval_accuracy"
+LIVE_PEERS = "live_peers"
+ROUTING_TABLE_SIZE = "routing_table_size"
+ALONE_STEPS = "alone_steps"
+PUBLISH_SECONDS = "publish_seconds"
+GATHER_SECONDS = "gather_seconds"
+INDEX_READ_FAILURES = "index_read_failures"
+STORE_FAILURES = "store_failures"
 
 DROPPED_PREFIX = "dropped_"
+TOTAL_DROPPED_PREFIX = "total_dropped_"
 FILTERED_PREFIX = "filtered_"
 # The filter reasons the objective reports (each a `filtered_<reason>` count).
 FILTER_REASONS: tuple[str, ...] = ("nonpositive_advantage", "kl")
@@ -100,6 +112,18 @@ METRICS: dict[str, str] = {
     BYTES_SENT: "Bytes published to the swarm in the step.",
     BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
     EVAL_ACCURACY: "Accuracy on the evaluation set, in steps where an evaluation ran.",
+    LIVE_PEERS: "Peers with a live connection to this node's DHT at the end of the step.",
+    ROUTING_TABLE_SIZE: "Peers in this node's DHT routing table at the end of the step.",
+    ALONE_STEPS: "Consecutive steps ending without a live peer (0 when connected).",
+    PUBLISH_SECONDS: "Seconds spent publishing own groups (chunks and index) in the step.",
+    GATHER_SECONDS: "Seconds the step waited for peers' groups after generation.",
+    INDEX_READ_FAILURES: "DHT reads (index keys, status) that timed out in the step.",
+    STORE_FAILURES: "Records or chunks no peer accepted in time in the step.",
+    # `swarm-node bootstrap` (no steps): its DHT's state every few seconds
+    "stored_keys": "DHT keys this peer holds for the swarm.",
+    "alone_seconds": "Seconds since this peer has had no live peer (0 when connected).",
+    "redials": "Re-dial rounds run by self-healing membership since start.",
+    "uptime_seconds": "Seconds since this bootstrap started.",
 }
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -110,6 +134,11 @@ def dropped_name(reason: str) -> str:
     if not _NAME_RE.match(reason):
         raise ValueError(f"drop reason {reason!r} is not a short identifier")
     return DROPPED_PREFIX + reason
+
+
+def total_dropped_name(reason: str) -> str:
+    """The metric name of the running total of drops for `reason` since the node started."""
+    return TOTAL_DROPPED_PREFIX + dropped_name(reason)[len(DROPPED_PREFIX):]
 
 
 def dropped_counts(metrics: Mapping[str, float]) -> dict[str, float]:

@@ -10,10 +10,15 @@
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
 * Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
   cancels the future after it; nothing spins.
+* Self-healing membership (membership.py): a keeper thread re-dials known peers with backoff
+  when the node has been without live peers for a while; `health()` is what it last saw.
+* `usable_maddrs` are the addresses others can join through (addresses.py), never loopback unless
+  the node listens on loopback only; a client-mode node has none.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -31,8 +36,12 @@ from swarm_node.swarm.dht_process import (
     PipeFixedDHT,
     check_initial_peers,
     get_many_in_dht,
+    health_in_dht,
+    redial_in_dht,
     store_many_in_dht,
 )
+from swarm_node.swarm.addresses import usable_maddrs
+from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.identity import NodeIdentity
 from swarm_node.swarm.transport import (
     BAD_DIGEST,
@@ -90,12 +99,16 @@ class HivemindTransport(Transport):
         num_replicas: int = 5,
         cache_nearest: int = 0,
         check_identity_free: bool | None = None,
+        self_heal: bool = True,
     ) -> None:
         self.identity = identity
         self.swarm_id = keys.check_name(swarm_id)
         self.drops = DropCounter()
         self.traffic: Counter = Counter()
         self._initial_peers = check_initial_peers(initial_peers)
+        self.client_mode = client_mode
+        self._announce = [str(a) for a in announce_maddrs]
+        self._send_lock = threading.Lock()  # the DHT's command pipe is not safe for concurrent senders
         validators: list[RecordValidatorBase] = [
             CachedRSASignatureValidator(identity.private_key),
             SwarmRecordValidator(swarm_id),
@@ -125,6 +138,9 @@ class HivemindTransport(Transport):
         )
         self._dht = self._start(kwargs, startup_timeout, start_attempts)
         self._closed = False
+        self.membership = MembershipKeeper(self, self._initial_peers)
+        if self_heal:
+            self.membership.start()
 
     @classmethod
     def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity) -> HivemindTransport:
@@ -175,7 +191,37 @@ class HivemindTransport(Transport):
 
     @property
     def visible_maddrs(self) -> list[str]:
-        return [str(m) for m in self._dht.get_visible_maddrs()]
+        """Every address the p2p daemon reports (loopback and private ones included)."""
+        with self._send_lock:
+            fut = self._dht.run_coroutine(PipeFixedDHT._get_visible_maddrs, return_future=True)
+        return [str(m) for m in fut.result(timeout=30)]
+
+    @property
+    def usable_maddrs(self) -> list[str]:
+        """The addresses others can join this node through (see addresses.py); [] in client mode."""
+        if self.client_mode:
+            return []
+        return usable_maddrs(self.visible_maddrs, announce=self._announce)
+
+    # -- membership ------------------------------------------------------------------------
+    def read_health(self, timeout: float = 5.0) -> Health | None:
+        """Ask the DHT process for its routing table and live connections; None if it is busy."""
+        self._check_open()
+        out = self._call(health_in_dht, timeout)
+        if out is None:
+            return None
+        return Health(live_peers=int(out["live_peers"]), routing_table_size=int(out["routing_table_size"]),
+                      peers=dict(out["peers"]), stored_keys=int(out["stored_keys"]))
+
+    def health(self) -> dict[str, float]:
+        """What the membership keeper last saw (no DHT call): live_peers, routing_table_size, ..."""
+        return self.membership.snapshot()
+
+    def redial(self, peers: Sequence[tuple[str, list[str]]], timeout: float) -> int:
+        """Connect to and ping each (peer id, multiaddrs); returns how many answered."""
+        self._check_open()
+        return int(self._call(partial(redial_in_dht, peers=[(p, list(a)) for p, a in peers], timeout=timeout),
+                              timeout) or 0)
 
     def dht_time(self) -> float:
         return get_dht_time()
@@ -183,7 +229,8 @@ class HivemindTransport(Transport):
     # -- batched DHT calls (run inside the DHT process; one traversal per batch) ------------
     def _call(self, coro: Any, timeout: float) -> Any:
         """Run `coro` in the DHT process; None if it does not answer within `timeout` (+ slack)."""
-        fut = self._dht.run_coroutine(coro, return_future=True)
+        with self._send_lock:
+            fut = self._dht.run_coroutine(coro, return_future=True)
         try:
             return fut.result(timeout=timeout + 2.0)
         except FutureTimeoutError:
@@ -328,8 +375,15 @@ class HivemindTransport(Transport):
     def is_alive(self) -> bool:
         return not self._closed and self._dht.is_alive()
 
+    @property
+    def exit_code(self) -> int | None:
+        """The DHT process's exit code once it has ended (None while it runs)."""
+        return self._dht.exitcode
+
     def shutdown(self) -> None:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._dht.shutdown()
+        self.membership.stop()
+        with self._send_lock:
+            self._dht.shutdown()

@@ -12,7 +12,7 @@ from swarm_node import metrics as m
 
 
 def test_every_canonical_name_is_documented():
-    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "FILTERED_PREFIX")]
+    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "TOTAL_DROPPED_PREFIX", "FILTERED_PREFIX")]
     assert set(names) == set(m.METRICS)
     assert all(m.METRICS[n].strip() for n in names)
     for name in ("kl_p99", "bytes_per_token", "peer_samples_used", "ess", "eval_accuracy"):
