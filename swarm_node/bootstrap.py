@@ -1,7 +1,9 @@
 """`swarm-node bootstrap`: a DHT-only peer that other nodes join through. No model, no training.
 
-* Persistent identity: the key in `<node_dir>/identity.key` (created once, 0600, written
-  atomically), so the peer id, and with it the multiaddr nodes are given, survives restarts.
+* Persistent identity: the key in `<node_dir>/identity.key` or `--identity FILE` (created once,
+  0600, written atomically; the libp2p key format, so a key made by `hivemind-dht` or
+  deploy/bootstrap_identity.py works), so the peer id, and with it the multiaddr nodes are
+  given, survives restarts.
 * Supervised children: the DHT process shuts down (and stops its p2p daemon) when this process
   dies, even by kill -9, and the daemon is killed by the kernel if the DHT process dies; if the
   DHT process exits on its own, this process exits non-zero with one line saying so, so a service
@@ -50,19 +52,21 @@ def health_metrics(transport: Any, started: float) -> dict[str, float]:
     return out
 
 
-def run_bootstrap(cfg: NodeConfig, stop: threading.Event | None = None) -> None:
-    """Serve as a bootstrap peer until SIGINT/SIGTERM (or `stop` is set). Raises BootstrapExit when
-    the DHT process dies under it."""
-    from swarm_node.assemble import start_transport
+def run_bootstrap(cfg: NodeConfig, identity_file: Path | None = None, stop: threading.Event | None = None) -> None:
+    """Serve as a bootstrap peer until SIGINT/SIGTERM (or `stop` is set). The identity is
+    `identity_file` (created if missing) or `<node_dir>/identity.key`. Raises BootstrapExit when the
+    DHT cannot start or its process dies under it."""
     from swarm_node.metrics import PrometheusExporter
-    from swarm_node.swarm.dht import SwarmConnectError
+    from swarm_node.swarm.dht import HivemindTransport, SwarmConnectError
+    from swarm_node.swarm.identity import IDENTITY_FILENAME, load_or_create_key
 
-    node_dir = Path(cfg.node_dir)
+    path = Path(identity_file) if identity_file is not None else Path(cfg.node_dir) / IDENTITY_FILENAME
     swarm = cfg.swarm.model_copy(update={"client_mode": False})
     try:
-        transport = start_transport(swarm, node_dir)
-    except (SwarmConnectError, ValueError, PermissionError) as e:
-        raise BootstrapExit(f"{e} (check --initial-peer, --host-maddr and the identity in {node_dir})") from e
+        path.parent.mkdir(parents=True, exist_ok=True)
+        transport = HivemindTransport.from_config(swarm, load_or_create_key(path))
+    except (SwarmConnectError, ValueError, OSError) as e:
+        raise BootstrapExit(f"{e} (check --initial-peer, --host-maddr and the identity file {path})") from e
     exporter = None
     started = time.monotonic()
     try:

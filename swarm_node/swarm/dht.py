@@ -124,6 +124,9 @@ class HivemindTransport(Transport):
             client_mode=client_mode,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
+            # A node that asks for relays says it is not reachable: reserve a slot at the initial
+            # peers (which offer relaying) now, instead of waiting for AutoNAT to find out.
+            **({"force_reachability": "private"} if use_auto_relay and not client_mode else {}),
             identity_path=str(identity.path),
             # A key created just now cannot be in use elsewhere: skip the daemon's slow check.
             check_if_identity_free=not identity.created if check_identity_free is None else check_identity_free,

@@ -148,7 +148,7 @@ class MembershipKeeper:
                     self._see(peer, addrs)
         if not self.lonely(health):
             if self.stats.alone_since is not None:
-                log.info("swarm membership restored: %d live peers, routing table %d",
+                log.info("swarm membership: %d live peers, routing table %d (was alone)",
                          health.live_peers, health.routing_table_size)
             self.stats.alone_since, self._backoff, self._next_try = None, self.backoff_base_s, 0.0
             return health
