@@ -124,9 +124,6 @@ class HivemindTransport(Transport):
             client_mode=client_mode,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
-            # A node that asks for relays says it is not reachable: reserve a slot at the initial
-            # peers (which offer relaying) now, instead of waiting for AutoNAT to find out.
-            **({"force_reachability": "private"} if use_auto_relay and not client_mode else {}),
             identity_path=str(identity.path),
             # A key created just now cannot be in use elsewhere: skip the daemon's slow check.
             check_if_identity_free=not identity.created if check_identity_free is None else check_identity_free,
@@ -196,7 +193,8 @@ class HivemindTransport(Transport):
     def visible_maddrs(self) -> list[str]:
         """Every address the p2p daemon reports (loopback and private ones included)."""
         with self._send_lock:
-            fut = self._dht.run_coroutine(PipeFixedDHT._get_visible_maddrs, return_future=True)
+            # latest=True: ask the daemon now (relay addresses appear after start)
+            fut = self._dht.run_coroutine(partial(PipeFixedDHT._get_visible_maddrs, latest=True), return_future=True)
         return [str(m) for m in fut.result(timeout=30)]
 
     @property

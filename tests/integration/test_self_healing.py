@@ -54,29 +54,38 @@ def start(node_dir: Path, port: int = 0, peers=(), self_heal: bool = True) -> Hi
 
 
 def test_a_returning_peer_is_redialled_only_with_self_healing(tmp_path):
-    port = free_port()
+    # Two separate two-peer DHTs, so the nodes under test know nobody but their own peer b.
+    ports = {"healing": free_port(), "plain": free_port()}
     made: list[HivemindTransport] = []
     try:
-        b = start(tmp_path / "b", port)
-        made.append(b)
-        healing = start(tmp_path / "a", peers=b.usable_maddrs)
-        plain = start(tmp_path / "c", peers=b.usable_maddrs, self_heal=False)
-        made += [healing, plain]
-        assert wait_until(lambda: healing.health().get("live_peers", 0) >= 1, 20) is not None
-        b.shutdown()
-        assert wait_until(lambda: healing.health().get("live_peers") == 0, 30) is not None
-        b = start(tmp_path / "b", port)  # same identity and address, dials nobody
-        made.append(b)
-        took = wait_until(lambda: (h := b.read_health()) is not None and healing.peer_id in h.peers, 40)
+        bs = {k: start(tmp_path / f"b-{k}", p) for k, p in ports.items()}
+        made += bs.values()
+        nodes = {k: start(tmp_path / k, peers=bs[k].usable_maddrs, self_heal=(k == "healing")) for k in ports}
+        made += nodes.values()
+        for k, node in nodes.items():
+            assert wait_until(lambda n=node: (h := n.read_health()) is not None and h.live_peers >= 1, 20), k
+            bs[k].shutdown()
+        for k, node in nodes.items():
+            assert wait_until(lambda n=node: (h := n.read_health()) is not None and h.live_peers == 0, 30), k
+        bs = {k: start(tmp_path / f"b-{k}", p) for k, p in ports.items()}  # same identity and address, no peers
+        made += bs.values()
+        took = wait_until(lambda: nodes["healing"].peer_id in (bs["healing"].read_health() or b_none()).peers, 40)
         assert took is not None, "the self-healing node did not re-dial the returning peer"
-        health = healing.read_health()
+        health = nodes["healing"].read_health()
         assert health.live_peers >= 1 and health.routing_table_size >= 1
-        assert plain.peer_id not in b.read_health().peers  # nobody re-dialled for the plain node
-        assert plain.read_health().live_peers == 0
-        assert healing.health()["redials"] >= 1
+        assert nodes["healing"].health()["redials"] >= 1
+        # The same wait without self-healing: nobody dials, the two stay apart.
+        assert nodes["plain"].peer_id not in bs["plain"].read_health().peers
+        assert nodes["plain"].read_health().live_peers == 0
     finally:
         for t in made:
             t.shutdown()
+
+
+def b_none():
+    from swarm_node.swarm.membership import Health
+
+    return Health(live_peers=0, routing_table_size=0)
 
 
 def child_pids(pid: int) -> set[int]:
