@@ -78,18 +78,18 @@ def _lazy_peer_id_base58() -> None:
     PeerID.to_base58 = to_base58
 
 
-def _die_with_parent() -> None:
-    """In a child between fork and exec: ask the kernel to SIGKILL it when its parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-
 def _daemons_die_with_this_process() -> None:
-    """Every subprocess this process starts through asyncio (hivemind's p2pd) dies with it."""
+    """Every subprocess this process starts through asyncio (hivemind's p2pd) gets SIGKILL from the
+    kernel when this process dies (prctl PR_SET_PDEATHSIG, set between fork and exec)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
     original = asyncio.subprocess.create_subprocess_exec
 
     async def create_subprocess_exec(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("preexec_fn", _die_with_parent)
+        kwargs.setdefault("preexec_fn", die_with_parent)
         return await original(*args, **kwargs)
 
     asyncio.subprocess.create_subprocess_exec = create_subprocess_exec

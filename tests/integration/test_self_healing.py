@@ -104,6 +104,13 @@ def child_pids(pid: int) -> set[int]:
     return out
 
 
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -160,6 +167,18 @@ def test_bootstrap_kill9_leaves_nothing_and_restarts_as_same_peer_and_status_lea
         proc = run_bootstrap(tmp_path / "boot", port, metrics_port, log)
         assert wait_until(lambda: len(re.findall(r"peer id (\S+)", log.read_text())) == 2, 90) is not None
         assert re.findall(r"peer id (\S+)", log.read_text())[1] == first_id
+
+        # kill -9 of the bootstrap and its DHT process at once: the kernel takes the p2p daemon too.
+        children = child_pids(proc.pid)
+        daemons = {p for p in children if comm(p) == "p2pd"}
+        assert daemons
+        for pid in [proc.pid, *(children - daemons)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=10)
+        assert wait_until(lambda: not any(alive(p) for p in daemons) and port_is_free(port), 30) is not None
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -191,6 +191,12 @@ def test_hosts_nat_partition_bootstrap_loss_and_late_join(topo: Topology, tmp_pa
         cut_off = steps_between(swarm.metrics("b"), t_cut + 20, t_heal)
         assert cut_off and all(r.get("peer_groups", 0) == 0 for r in cut_off)
         assert max(r.get("alone_steps", 0) for r in cut_off) >= 3
+        assert all(r["live_peers"] == 0 for r in cut_off[-5:])
+        # The outage shows in the health fields: reads that timed out, stores nobody took.
+        numbers["b_cut_off_index_read_failures"] = sum(r.get("index_read_failures", 0) for r in cut_off)
+        numbers["b_cut_off_store_failures"] = sum(r.get("store_failures", 0) for r in cut_off)
+        numbers["b_cut_off_steps"] = len(cut_off)
+        assert numbers["b_cut_off_index_read_failures"] + numbers["b_cut_off_store_failures"] > 0
         assert "alone for" in swarm.log("b").read_text(errors="replace")
         for name in ("a", "c"):
             during = steps_between(swarm.metrics(name), t_cut, t_heal)

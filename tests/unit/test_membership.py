@@ -177,3 +177,22 @@ def test_alone_steps_count_and_warn(caplog):
 def test_a_node_without_transport_has_no_network_fields():
     out = HealthTracker(None).step_metrics(Counter(), publish_seconds=0.0, gather_seconds=0.0, peer_groups=0)
     assert m.LIVE_PEERS not in out and m.ALONE_STEPS not in out and m.BYTES_SENT not in out
+
+
+def test_status_rows_and_table_carry_the_alone_warning():
+    from rich.console import Console
+
+    from protocol.messages import NodeStatus
+    from swarm_node.observe import render_table, status_rows
+
+    alone = NodeStatus(peer_id="QmAlone", role="trainer", model_id="m", step=9, timestamp=100.0,
+                       metrics={m.ALONE_STEPS: 5.0, m.LIVE_PEERS: 0.0, m.ROUTING_TABLE_SIZE: 0.0})
+    fine = NodeStatus(peer_id="QmFine", role="trainer", model_id="m", step=9, timestamp=100.0,
+                      metrics={m.ALONE_STEPS: 0.0, m.LIVE_PEERS: 3.0})
+    rows = {r["peer_id"]: r for r in status_rows([alone, fine])}
+    assert "alone for 5 steps" in rows["QmAlone"]["warning"] and rows["QmFine"]["warning"] is None
+    assert rows["QmFine"]["live_peers"] == 3.0
+    console = Console(record=True, width=160)
+    console.print(render_table(list(rows.values()), now=110.0))
+    text = console.export_text()
+    assert "warning: QmAlone" in text and "alone for 5 steps" in text and "QmFine" not in text.split("warning:")[1]
