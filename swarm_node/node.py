@@ -46,6 +46,7 @@ class NodeParts:
     sinks: list[Callable[[dict[str, float]], None]] = field(default_factory=list)
     save_checkpoint: Callable[[dict[str, Any]], None] | None = None
     close_hooks: list[Callable[[], None]] = field(default_factory=list)
+    rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
 
 
 class Node:
@@ -123,6 +124,7 @@ class Node:
 
         t_train = time.perf_counter()
         train_metrics = parts.trainer.step(samples)
+        self._drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
         self.step += 1

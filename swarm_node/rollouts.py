@@ -9,8 +9,9 @@ against the node's own copy of the prompt set, and the reward, which is always r
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ DROP_UNKNOWN_PROMPT = "unknown_prompt"
 DROP_WRONG_SWARM = "wrong_swarm"
 DROP_OVER_CAP = "over_peer_cap"
 DROP_OWN_ECHO = "own_group"
+DROP_REJECTED_BEFORE = "rejected_before"  # refused earlier for a reason that would recur (swarm_node.rejects)
+DROP_NONFINITE = "nonfinite_step"  # its samples made a training step non-finite
 
 
 def window_of(dht_time: float, window_seconds: float) -> int:
@@ -114,6 +117,31 @@ def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: i
     return min(max_peer_groups, by_share)
 
 
+def group_record_id(group: RolloutGroup) -> str:
+    """A content id of a peer's group: sender, prompt, policy version and every completion's tokens
+    and logprobs (so a re-encoding of the same data has the same id, and any change a new one)."""
+    h = hashlib.sha256()
+    p = group.prompt
+    for part in (group.sender, p.prompt_set_id, str(p.index), p.sha256, str(group.policy_version)):
+        data = part.encode()
+        h.update(len(data).to_bytes(4, "little") + data)
+    for c in group.completions:
+        tokens = np.asarray(c.token_ids, dtype="<u4").tobytes()
+        logprobs = np.asarray(c.logprobs, dtype="<f4").tobytes()
+        h.update(len(tokens).to_bytes(8, "little") + tokens + logprobs)
+    return h.hexdigest()
+
+
+def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str]:
+    """Record the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`) in the
+    node's reject list, so they stay refused (also after a restart); returns the drops to count."""
+    ids = {s.record_id: s.source for s in samples if s.is_peer and s.record_id}
+    rejects = getattr(parts, "rejects", None)
+    if rejects is not None and ids:
+        rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
+    return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
+
+
 def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
     ps = parts.prompt_set
     if ref.prompt_set_id != ps.id or not 0 <= ref.index < len(ps):
@@ -146,6 +174,11 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         if batch.groups >= max_groups:
             drops[DROP_OVER_CAP] += 1
             continue
+        record_id = group_record_id(group)
+        rejects = getattr(parts, "rejects", None)
+        if rejects is not None and record_id in rejects:
+            drops[DROP_REJECTED_BEFORE] += 1
+            continue
         # The prompt is rendered with this node's own template: the node trains its own policy.
         prompt = np.asarray(render_prompt(policy.tokenizer, problem.question, cfg.task.system_prompt), dtype=np.int64)
         key = _group_key(parts, group.sender, group.policy_version, problem.index)
@@ -155,6 +188,6 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                 group_key=key, prompt_ids=prompt, completion_ids=ids,
                 generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                 reward=float(parts.reward_fn(_decode(parts, ids), problem)),
-                is_peer=True, source=group.sender))
+                is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
     return batch
