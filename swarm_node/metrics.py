@@ -72,6 +72,10 @@ PUBLISH_SECONDS = "publish_seconds"
 GATHER_SECONDS = "gather_seconds"
 INDEX_READ_FAILURES = "index_read_failures"
 STORE_FAILURES = "store_failures"
+STORED_KEYS = "stored_keys"
+ALONE_SECONDS = "alone_seconds"
+REDIALS = "redials"
+UPTIME_SECONDS = "uptime_seconds"
 
 DROPPED_PREFIX = "dropped_"
 TOTAL_DROPPED_PREFIX = "total_dropped_"
@@ -120,10 +124,10 @@ METRICS: dict[str, str] = {
     INDEX_READ_FAILURES: "DHT reads (index keys, status) that timed out in the step.",
     STORE_FAILURES: "Records or chunks no peer accepted in time in the step.",
     # `swarm-node bootstrap` (no steps): its DHT's state every few seconds
-    "stored_keys": "DHT keys this peer holds for the swarm.",
-    "alone_seconds": "Seconds since this peer has had no live peer (0 when connected).",
-    "redials": "Re-dial rounds run by self-healing membership since start.",
-    "uptime_seconds": "Seconds since this bootstrap started.",
+    STORED_KEYS: "DHT keys this peer holds for the swarm.",
+    ALONE_SECONDS: "Seconds since this peer has had no live peer (0 when connected).",
+    REDIALS: "Re-dial rounds run by self-healing membership since start.",
+    UPTIME_SECONDS: "Seconds since this bootstrap started.",
 }
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
