@@ -10,6 +10,8 @@
   manager restarts the whole tree rather than leaving a half.
 * Prints the multiaddrs others can use (addresses.py: announce addresses when given, never
   loopback), and serves /metrics (live peers, routing table size, stored keys, re-dials, uptime).
+* Relaying: it declares itself publicly reachable, so libp2p serves as a circuit relay for nodes
+  behind NAT that set `swarm.use_auto_relay` (addresses.py).
 * Self-healing membership (membership.py), like every node: after an outage it re-dials the
   peers it last saw, so a bootstrap cut off for a while rejoins the swarm by itself.
 """
@@ -64,7 +66,8 @@ def run_bootstrap(cfg: NodeConfig, identity_file: Path | None = None, stop: thre
     swarm = cfg.swarm.model_copy(update={"client_mode": False})
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        transport = HivemindTransport.from_config(swarm, load_or_create_key(path))
+        # declared public: it offers relaying to nodes behind NAT (swarm.use_auto_relay) at once
+        transport = HivemindTransport.from_config(swarm, load_or_create_key(path), reachability="public")
     except (SwarmConnectError, ValueError, OSError) as e:
         raise BootstrapExit(f"{e} (check --initial-peer, --host-maddr and the identity file {path})") from e
     exporter = None

@@ -9,7 +9,11 @@ address; a node behind NAT also sees only its private address. What a node print
   (plus relay circuits through other peers, which are reachable by construction);
 * loopback and unspecified addresses are never listed, unless the node listens on loopback only
   (a swarm on one machine, `swarm-node local`): then loopback is the only way in, and it is kept;
-* a client-mode node accepts no incoming connections: it lists nothing (`join_hint` says so).
+* a client-mode node accepts no incoming connections: it lists nothing (`join_hint` says so);
+* a node behind NAT with `swarm.use_auto_relay` (not client mode) reserves a slot at its initial
+  peers, which relay for it when they run `swarm-node bootstrap` at a public address; it lists
+  `<initial peer>/p2p-circuit/p2p/<its id>` (`relay_maddrs`). libp2p makes the reservation only
+  after a boot delay when it knows a single relay candidate: about 3 minutes, measured.
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ def is_local_only(maddr: str) -> bool:
         return False
     ip = _ip_of(maddr)
     return ip is not None and (ip.is_loopback or ip.is_unspecified or ip.is_link_local)
+
+
+def relay_maddrs(relays: Sequence[str], peer_id: str) -> list[str]:
+    """Circuit addresses through each relay (a full multiaddr with /p2p/<relay id>) to `peer_id`."""
+    return [f"{str(r).rstrip('/')}/p2p-circuit/p2p/{peer_id}" for r in relays
+            if "/p2p/" in str(r) and "/p2p-circuit" not in str(r) and not is_local_only(str(r))]
 
 
 def usable_maddrs(visible: Sequence[str], *, announce: Sequence[str] = (), client_mode: bool = False) -> list[str]:

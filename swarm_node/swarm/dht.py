@@ -40,7 +40,7 @@ from swarm_node.swarm.dht_process import (
     redial_in_dht,
     store_many_in_dht,
 )
-from swarm_node.swarm.addresses import usable_maddrs
+from swarm_node.swarm.addresses import relay_maddrs, usable_maddrs
 from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.identity import NodeIdentity
 from swarm_node.swarm.transport import (
@@ -76,6 +76,8 @@ class HivemindTransport(Transport):
 
     identity: the node's key (libp2p identity and record signer). swarm_id: namespaces chunk keys.
     owned_keys: raw keys that must hold owned bytes at a given DHT time (exchange.owned_key_schedule).
+    reachability: "public" for a peer at a public address that offers relaying to peers behind
+    NAT (`swarm-node bootstrap`); a peer with use_auto_relay (and not client_mode) is "private".
     Startup waits at most `startup_timeout` per attempt, `start_attempts` attempts, then raises
     SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
     cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
@@ -100,6 +102,7 @@ class HivemindTransport(Transport):
         cache_nearest: int = 0,
         check_identity_free: bool | None = None,
         self_heal: bool = True,
+        reachability: str | None = None,
     ) -> None:
         self.identity = identity
         self.swarm_id = keys.check_name(swarm_id)
@@ -107,6 +110,7 @@ class HivemindTransport(Transport):
         self.traffic: Counter = Counter()
         self._initial_peers = check_initial_peers(initial_peers)
         self.client_mode = client_mode
+        self.relayed = use_auto_relay and not client_mode
         self._announce = [str(a) for a in announce_maddrs]
         self._send_lock = threading.Lock()  # the DHT's command pipe is not safe for concurrent senders
         validators: list[RecordValidatorBase] = [
@@ -124,6 +128,11 @@ class HivemindTransport(Transport):
             client_mode=client_mode,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
+            # Relaying (see addresses.py): a peer declared public offers it at once (libp2p starts
+            # its relay service only once it believes it is public); a peer asking for relays is
+            # private and reserves a slot at its initial peers.
+            force_reachability=reachability or ("private" if self.relayed else None),
+            trusted_relays=self._initial_peers if self.relayed else None,
             identity_path=str(identity.path),
             # A key created just now cannot be in use elsewhere: skip the daemon's slow check.
             check_if_identity_free=not identity.created if check_identity_free is None else check_identity_free,
@@ -143,8 +152,9 @@ class HivemindTransport(Transport):
             self.membership.start()
 
     @classmethod
-    def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity) -> HivemindTransport:
-        """A transport for a node configured by `cfg` (the `[swarm]` section)."""
+    def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity, **overrides: Any) -> HivemindTransport:
+        """A transport for a node configured by `cfg` (the `[swarm]` section); `overrides` are
+        further keyword arguments (e.g. reachability)."""
         from swarm_node.swarm.exchange import owned_key_schedule
 
         return cls(
@@ -159,6 +169,7 @@ class HivemindTransport(Transport):
             owned_keys=owned_key_schedule(cfg.swarm_id, cfg.window_seconds, cfg.staleness_steps),
             startup_timeout=cfg.startup_timeout_s,
             start_attempts=cfg.start_attempts,
+            **overrides,
         )
 
     def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int) -> PipeFixedDHT:
@@ -202,7 +213,8 @@ class HivemindTransport(Transport):
         """The addresses others can join this node through (see addresses.py); [] in client mode."""
         if self.client_mode:
             return []
-        return usable_maddrs(self.visible_maddrs, announce=self._announce)
+        relays = relay_maddrs(self._initial_peers, self.peer_id) if self.relayed else []
+        return usable_maddrs([*self.visible_maddrs, *relays], announce=self._announce)
 
     # -- membership ------------------------------------------------------------------------
     def read_health(self, timeout: float = 5.0) -> Health | None:

@@ -5,13 +5,16 @@ tiny models:
     a      10.213.k.11  node, uplink shaped to 5 Mbit/s (tc tbf)
     b      10.213.k.12  node; its cable is pulled for 60 s
     late   10.213.k.13  a node that joins late, through b (not the bootstrap)
+    relay  10.213.k.14  a second `swarm-node bootstrap`, never killed: it relays for c2
     c      10.213.k.130 node behind NAT (iptables MASQUERADE), client mode
+    c2     10.213.k.131 a DHT peer behind the same NAT with use_auto_relay, reached only through relay
 
 Asserts: a and c exchange groups across hosts and through the NAT; b is cut off for 60 s and gets
 peers' groups again within one window of the link coming back (self-healing membership), while a
 and c keep training; kill -9 of the bootstrap leaves no process of it behind and the nodes keep
 exchanging; the late node joins through b; `status` run from another host lists the nodes, only
-usable addresses (none for the client-mode node), and leaves nothing in its temp directory.
+usable addresses (none for the client-mode node), and leaves nothing in its temp directory; a peer
+on another host joins c2 (behind NAT, not client mode) through its circuit address at relay.
 Prints one JSON line with the numbers (recovery time, extra step time, bytes per node per step).
 
 Needs root; skips with the reason otherwise. Run: `make test-multihost`.
@@ -32,11 +35,14 @@ import pytest
 
 from tests.multihost.netns import Topology, missing_requirements
 
+HERE = Path(__file__).resolve().parent
+
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(900)]
 SWARM = "multihost"
 WINDOW_S = 20.0
 PARTITION_S = 60.0
 BOOT_PORT = 31337
+RELAY_WAIT_S = 330.0  # libp2p reserves a slot at a lone relay after a boot delay (~3 min measured)
 
 
 def node_config(path: Path, node_dir: Path, cache: Path, peers: list[str], seed: int, client: bool) -> Path:
@@ -80,9 +86,11 @@ class Swarm:
     def log(self, name: str) -> Path:
         return self.tmp / f"{name}.log"
 
-    def spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def spawn(self, name: str, args: list[str], host: str | None = None) -> subprocess.Popen:
+        """Run `swarm-node ARGS` (or a script path as args[0]) in `host`'s namespace (default `name`)."""
+        cmd = args if args[0].endswith(".py") else ["-m", "swarm_node.cli", *args]
         with open(self.log(name), "ab") as f:
-            p = subprocess.Popen([*self.topo.exec_args(name), sys.executable, "-m", "swarm_node.cli", *args],
+            p = subprocess.Popen([*self.topo.exec_args(host or name), sys.executable, *cmd],
                                  stdout=f, stderr=subprocess.STDOUT, env=self.env)
         self.procs[name] = p
         return p
@@ -108,7 +116,7 @@ class Swarm:
             if pred():
                 return time.monotonic() - start
             for name, p in self.procs.items():
-                if name != "boot" and p.poll() is not None:
+                if name not in ("boot", "probe") and p.poll() is not None:
                     raise AssertionError(f"{name} exited ({p.returncode}) waiting for {what}:\n"
                                          + self.log(name).read_text(errors="replace")[-3000:])
             time.sleep(0.5)
@@ -144,7 +152,7 @@ def topo():
     reason = missing_requirements()
     if reason:
         pytest.skip(reason)
-    t = Topology.create(public=["boot", "a", "b", "late"], natted=["c"], rate_limited={"a": "5mbit"})
+    t = Topology.create(public=["boot", "a", "b", "late", "relay"], natted=["c", "c2"], rate_limited={"a": "5mbit"})
     try:
         yield t
     finally:
@@ -162,6 +170,13 @@ def test_hosts_nat_partition_bootstrap_loss_and_late_join(topo: Topology, tmp_pa
         swarm.wait(lambda: swarm.join_addrs("boot"), 120, "the bootstrap's address")
         boot_addrs = swarm.join_addrs("boot")
         assert boot_addrs and all(f"/ip4/{boot_ip}/tcp/{BOOT_PORT}/p2p/" in a for a in boot_addrs), boot_addrs
+        # A second bootstrap that relays for c2 (behind NAT, use_auto_relay): checked at the end.
+        swarm.spawn("relay", ["bootstrap", "--node-dir", str(tmp_path / "relay"), "--swarm-id", SWARM,
+                              "--host-maddr", f"/ip4/0.0.0.0/tcp/{BOOT_PORT}"])
+        swarm.wait(lambda: swarm.join_addrs("relay"), 120, "the relay's address")
+        relay_addr = swarm.join_addrs("relay")[0]
+        t_c2 = time.monotonic()
+        swarm.spawn("c2", [str(HERE / "dht_peer.py"), "--peer", relay_addr, "--auto-relay", "--seconds", "900"])
 
         # Exchange across hosts and through the NAT: with only a and c training, every peer group
         # a gets comes from c (behind NAT, client mode) and every group c gets comes from a.
@@ -235,6 +250,24 @@ def test_hosts_nat_partition_bootstrap_loss_and_late_join(topo: Topology, tmp_pa
         assert all(m.startswith("/ip4/10.213.") for n in ("a", "b") for m in rows[ids[n]]["maddrs"])
         assert all("live_peers" in rows[i]["metrics"] for i in ids.values())
         assert not list((tmp_path / "tmp").glob("swarm-node-observer-*"))
+
+        # The relay path: c2 is behind NAT; a peer on another host joins the DHT through c2's
+        # circuit address at the relay (its only initial peer), once the relay holds c2's slot.
+        c2 = [json.loads(x) for x in swarm.log("c2").read_text().splitlines() if x.startswith("{")][-1]
+        circuit = [m for m in c2["maddrs"] if m.startswith(relay_addr + "/p2p-circuit/")]
+        assert circuit == [f"{relay_addr}/p2p-circuit/p2p/{c2['peer_id']}"], c2
+        joined, first = None, {}
+        while joined is None and time.monotonic() - t_c2 < RELAY_WAIT_S:
+            probe = subprocess.run([*topo.exec_args("late"), sys.executable, str(HERE / "dht_peer.py"),
+                                    "--peer", circuit[0], "--seconds", "0"],
+                                   capture_output=True, text=True, env=swarm.env, timeout=60)
+            first = json.loads(probe.stdout.splitlines()[0]) if probe.stdout.strip() else {"error": probe.stderr[-500:]}
+            if "error" not in first:
+                joined = time.monotonic() - t_c2
+            else:
+                time.sleep(10)
+        assert joined is not None, f"no relayed connection to c2 within {RELAY_WAIT_S:.0f}s: {first}"
+        numbers["relay_ready_s"] = joined
     finally:
         swarm.stop()
         print(json.dumps({"multihost": {k: round(v, 2) for k, v in numbers.items()}}), flush=True)

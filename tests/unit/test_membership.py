@@ -9,7 +9,7 @@ import pytest
 
 from swarm_node import metrics as m
 from swarm_node.health import ALONE_WARN_STEPS, HealthTracker, alone_warning
-from swarm_node.swarm.addresses import CLIENT_MODE_HINT, join_hint, usable_maddrs
+from swarm_node.swarm.addresses import CLIENT_MODE_HINT, join_hint, relay_maddrs, usable_maddrs
 from swarm_node.swarm.membership import Health, MembershipKeeper, split_peer_maddr
 from tests.fakes import Clock
 
@@ -127,6 +127,11 @@ def test_split_peer_maddr():
 ])
 def test_usable_maddrs(visible, announce, client, expected):
     assert usable_maddrs(visible, announce=announce, client_mode=client) == expected
+
+
+def test_relay_maddrs_go_through_each_dialable_relay():
+    relays = ["/ip4/203.0.113.7/tcp/31337/p2p/QmR", "/ip4/127.0.0.1/tcp/1/p2p/QmL", "/ip4/203.0.113.8/tcp/1"]
+    assert relay_maddrs(relays, "QmMe") == ["/ip4/203.0.113.7/tcp/31337/p2p/QmR/p2p-circuit/p2p/QmMe"]
 
 
 def test_join_hint():
