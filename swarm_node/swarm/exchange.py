@@ -6,14 +6,14 @@ window lives in this node's own subkey of one shard of that window's index (`ind
 the shard count grows with the swarm; a small swarm uses one key per window). Each publish
 re-stores the merged index of the window; `republish()` extends records that still matter.
 
-Gathering reads a bounded set of index shards of the last `staleness_windows + 1` windows (the
-plan of `index.ShardedIndex`; a record in a shard its owner does not belong in is dropped as
-`index_mismatch`), picks a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer, so a node's work per step does
-not grow with the swarm), fetches their chunks concurrently under one deadline, then decodes and
-checks each group. An entry whose chunks time out is tried again in a later gather; one whose
-chunks are missing gets one more try (a publish stores chunks and index in one batch, so a reader
-can see the index first) and is counted as `missing` the second time. Nothing a peer sends raises: every rejected record or group is counted under
-one reason (see the REASON constants and `protocol.validate` reasons).
+Gathering reads the index shards `index.ShardedIndex` plans for the last `staleness_windows + 1`
+windows (a bounded number; a record in a shard its owner is not in is an `index_mismatch`), picks
+a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer), fetches their
+chunks concurrently under one deadline, then decodes and checks each group. An entry whose chunks
+time out is tried again later; one whose chunks are missing gets one more try (chunks and index
+are stored in one batch, so a reader can see the index first) and then counts as `missing`.
+Nothing a peer sends raises: every rejected record or group is counted under one reason (see the
+REASON constants and `protocol.validate` reasons).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
@@ -251,25 +251,26 @@ class RolloutExchange:
         owners: dict[ShardRead, int] = {}
         for read in plan:
             records = found.get(read.key, {})
-            misplaced = [o for o in records if not self.index.belongs(o, read)]
-            for owner in misplaced:
-                record_id = (owner, codec.content_digest(records[owner].value))
-                if record_id not in self._bad_indexes:
-                    drops.add(INDEX_MISMATCH)
-                    self._bad_indexes[record_id] = read.window
-            owners[read] = len(records) - len(misplaced)
+            owners[read] = sum(self.index.belongs(o, read) for o in records)
             for owner, item in records.items():
-                if owner in misplaced or (exclude_self and owner == self.transport.peer_id):
+                if exclude_self and owner == self.transport.peer_id:
                     continue
-                for c in self._index_candidates(owner, read.window, item.value, current, staleness, drops):
+                for c in self._index_candidates(owner, read, item.value, current, staleness, drops):
                     # an owner that changed level within a window is listed in two shards: once is enough
                     candidates.setdefault((owner, tuple(c.entry.chunk_digests)), c)
         self.index.observe(owners)
         return list(candidates.values())
 
-    def _index_candidates(self, owner: str, window: int, data: bytes, current: int, staleness: int,
+    def _index_candidates(self, owner: str, read: ShardRead, data: bytes, current: int, staleness: int,
                           drops: DropCounter) -> list[_Candidate]:
+        window = read.window
         record_id = (owner, codec.content_digest(data))
+        if not self.index.belongs(owner, read):  # written into a shard its owner is not in
+            record_id = (owner, read.key)
+            if record_id not in self._bad_indexes:
+                drops.add(INDEX_MISMATCH)
+                self._bad_indexes[record_id] = window
+            return []
         if record_id in self._bad_indexes:
             return []  # counted when first seen
         reason = None
