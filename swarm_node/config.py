@@ -173,13 +173,13 @@ class SwarmConfig(_Section):
         description=(
             "Sharded rollout index: a window's index gets more shards as the swarm grows, so that one shard "
             "holds at most about this many peers' records (and at least a quarter of it). Use the same value "
-            "on every node of a swarm; nodes whose values differ by up to 2x still read each other."
+            "on every node of a swarm."
         ),
     )
     index_shards_per_read: int = Field(
-        2, ge=1, le=64,
+        1, ge=1, le=64,
         description=(
-            "Index shards read per window per step (plus one probe of each neighbouring shard level in the "
+            "Index shards read per window per step (plus one probe of a neighbouring shard level in the "
             "two newest windows): bounds a node's index reads whatever the swarm size."
         ),
     )

@@ -111,7 +111,7 @@ class RolloutExchange:
         group_filter: Callable[[RolloutGroup], str | None] | None = None,
         store_timeout: float = 10.0,
         index_peers_per_shard: int = 16,
-        index_shards_per_read: int = 2,
+        index_shards_per_read: int = 1,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)

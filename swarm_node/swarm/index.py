@@ -12,11 +12,11 @@ every reader (load quadratic in the swarm). Here a window's index is split into 
   from the shards it reads, and uses the smallest level whose shards hold at most
   `peers_per_shard` peers. It moves up when its shards would hold more than that and down when
   they would hold less than a quarter of it (hysteresis: no flapping at a boundary). Nodes that
-  see the same swarm pick the same level; nodes whose estimates differ by one level still see
-  each other (the probes below).
+  see the same swarm pick the same level; a node one level off is still read (the probes below).
 * **Reading** (per gather, whatever the swarm size): `shards_per_read` random shards of the
-  node's level in each window read, plus one random shard of each neighbouring level (L-1, L+1)
-  in the `probe_windows` newest windows. A node without an estimate (just started, or having
+  node's level in each window read, plus one random shard of one neighbouring level in the
+  `probe_windows` newest windows: L+1 when the estimate is above half the level's top (nodes
+  with a slightly higher estimate may have moved up), else L-1. A node without an estimate (just started, or having
   found nobody for `rediscover_every` gathers) also reads one shard of every level of the newest
   window (discovery), so a node joining a large swarm finds its level in one gather.
 * **The estimate.** A shard of level l read with n owners in it stands for n * 2**l peers of that
@@ -81,7 +81,7 @@ class ShardedIndex:
     Not thread-safe; the exchange calls it from one gather or publish at a time.
     """
 
-    def __init__(self, swarm_id: str, peer_id: str, *, peers_per_shard: int = 16, shards_per_read: int = 2,
+    def __init__(self, swarm_id: str, peer_id: str, *, peers_per_shard: int = 16, shards_per_read: int = 1,
                  probe_windows: int = 2, rediscover_every: int = 10, smoothing: float = 0.5,
                  max_level: int = keys.MAX_SHARD_LEVEL) -> None:
         if peers_per_shard < 1 or shards_per_read < 1 or not 0 < smoothing <= 1:
@@ -118,6 +118,13 @@ class ShardedIndex:
     # ---- reading --------------------------------------------------------------------------
 
     @property
+    def probe_level(self) -> int:
+        """The neighbouring level other nodes may be at: the one whose threshold the estimate is
+        nearer to (up above half the shard size, down below it)."""
+        half = self.peers_per_shard * 2**self.level / 2
+        return self.level + 1 if (self.estimated_peers or 0.0) > half else self.level - 1
+
+    @property
     def discovering(self) -> bool:
         return self.estimated_peers is None or self._empty_gathers >= self.rediscover_every
 
@@ -134,10 +141,8 @@ class ShardedIndex:
         newest = windows[-self.probe_windows:] if self.probe_windows > 0 else []
         for w in windows:
             add(w, self.level, self.shards_per_read)
-            if w in newest:
-                for level in (self.level - 1, self.level + 1):
-                    if 0 <= level <= self.max_level:
-                        add(w, level, 1)
+            if w in newest and 0 <= self.probe_level <= self.max_level:
+                add(w, self.probe_level, 1)
         if self.discovering and windows:  # in the newest complete window (see _estimate)
             for level in range(self.max_level + 1):
                 add(windows[-2] if len(windows) > 1 else windows[-1], level, 1)

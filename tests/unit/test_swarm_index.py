@@ -11,7 +11,7 @@ import pytest
 from protocol import codec, keys
 from protocol.messages import IndexEntry, ProtocolError, RolloutIndex
 from swarm_node.swarm.exchange import RolloutExchange, owned_key_schedule
-from swarm_node.swarm.index import ShardedIndex, level_for
+from swarm_node.swarm.index import ShardedIndex, ShardRead, level_for
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.synthetic import synthetic_group
 from tests.fakes import Clock
@@ -49,30 +49,36 @@ def test_level_rule_and_its_hysteresis() -> None:
     assert level_for(float("nan"), 16, 3) == 3
 
 
-def test_read_plan_is_bounded_and_probes_the_neighbouring_levels() -> None:
+def test_read_plan_is_bounded_and_probes_the_nearer_neighbouring_level() -> None:
     index = ShardedIndex(SWARM, "me", peers_per_shard=16, shards_per_read=2)
     rng = random.Random(0)
     windows = range(W0 - 4, W0 + 1)
     first = index.read_plan(windows, rng)  # no estimate yet: every level of the newest complete window
     assert {r.level for r in first if r.window == W0 - 1} == set(range(keys.MAX_SHARD_LEVEL + 1))
-    index.level, index.estimated_peers = 6, 1000.0
+    index.level, index.estimated_peers = 6, 1000.0  # above half of 16 * 64: probe level 7
     plan = index.read_plan(windows, rng)
     by_window = Counter((r.window, r.level) for r in plan)
     assert all(by_window[(w, 6)] == 2 for w in windows)
-    assert by_window[(W0, 5)] == by_window[(W0, 7)] == by_window[(W0 - 1, 5)] == 1
-    assert by_window[(W0 - 2, 5)] == 0 and len(plan) == 5 * 2 + 2 * 2
+    assert by_window[(W0, 7)] == by_window[(W0 - 1, 7)] == 1 and by_window[(W0 - 2, 7)] == 0
+    assert len(plan) == 5 * 2 + 2
     for r in plan:
         assert r.key == keys.rollout_index_key(SWARM, r.window, r.level, r.shard)
+    index.estimated_peers = 400.0  # below half: probe level 5
+    assert {r.level for r in index.read_plan(windows, rng)} == {5, 6}
+    index.level, index.estimated_peers = 0, 5.0  # a small swarm: one key per window, nothing below
+    assert [r.key for r in index.read_plan(windows, rng)] == [keys.rollout_index_key(SWARM, w) for w in windows]
 
 
 def test_estimate_counts_each_level_at_its_share() -> None:
     index = ShardedIndex(SWARM, "me", peers_per_shard=16)
     index.level, index.estimated_peers = 4, 200.0
-    plan = index.read_plan([W0], random.Random(1))
-    owners = {r: {3: 6, 4: 12, 5: 1}[r.level] for r in plan}  # 6*8 + 12*16 + 1*32
-    assert index.observe(owners) == pytest.approx(48 + 192 + 32)
+    reads = [ShardRead("k3", W0, 3, 0), ShardRead("k4a", W0, 4, 0), ShardRead("k4b", W0, 4, 1),
+             ShardRead("k5", W0, 5, 0), ShardRead("k4c", W0 + 1, 4, 2)]
+    owners = dict(zip(reads, [6, 10, 14, 1, 2]))  # the newest window (W0 + 1) is left out: still filling
+    assert index.observe(owners) == pytest.approx(6 * 8 + 12 * 16 + 1 * 32)
     assert index.estimated_peers == pytest.approx(200 + 0.5 * 72)
     assert index.level == 4
+    assert index.observe({ShardRead("k", W0, 4, 0): 0}) == 0 and index.estimated_peers == pytest.approx(236)
 
 
 def _exchange(swarm: MemorySwarm, peer: str, **kw) -> RolloutExchange:
@@ -107,20 +113,21 @@ def _rounds(exchanges: list[RolloutExchange], clock: Clock, rounds: int) -> list
 def test_a_growing_swarm_agrees_on_a_level_and_reads_a_bounded_index() -> None:
     clock = Clock(T0)
     swarm = MemorySwarm(clock=clock)
-    small = [_exchange(swarm, f"p{i}", index_peers_per_shard=8) for i in range(6)]
+    shape = {"index_peers_per_shard": 8, "index_shards_per_read": 2}
+    small = [_exchange(swarm, f"p{i}", **shape) for i in range(6)]
     stats = _rounds(small, clock, 3)
     assert {ex.index.level for ex in small} == {0}  # six peers: the unsharded single key per window
     small_index_bytes = max(s["bytes_in"] for s in stats if s["round"] == 2)
     assert all(s["groups"] == 4 and s["drops"] == 0 for s in stats if s["round"] > 0)
 
-    big = small + [_exchange(swarm, f"q{i}", index_peers_per_shard=8) for i in range(170)]
+    big = small + [_exchange(swarm, f"q{i}", **shape) for i in range(170)]
     stats = _rounds(big, clock, 5)
     levels = Counter(ex.index.level for ex in big)
     assert levels.most_common(1)[0][0] == level_for(176, 8) == 5
     assert set(levels) <= {4, 5, 6}, levels
     last = [s for s in stats if s["round"] == 4]
     assert all(s["groups"] == 4 and s["drops"] == 0 for s in last)
-    assert max(s["keys"] for s in last) <= 3 * 2 + 2 * 2  # 3 windows x 2 shards + 2 probes x 2 windows
+    assert max(s["keys"] for s in last) <= 3 * 2 + 2  # 3 windows x 2 shards + a probe in 2 windows
     # Index bytes read per gather: bounded by the shard size, not the swarm (176 vs 6 peers).
     assert max(s["bytes_in"] for s in last) < 8 * small_index_bytes
     unsharded = sum(len(v.value) for w in (W0 + 6, W0 + 7) for v in swarm.get_owned(
