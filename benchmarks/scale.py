@@ -62,46 +62,52 @@ class Sizes:
     """Byte sizes measured from the real encoders."""
 
     chunk: int  # one encoded group (one chunk)
-    record_base: int  # RolloutIndex record without entries, plus its signed owned subkey in a dict value
-    per_entry: int  # one more IndexEntry in a record
+    record_lengths: list[int]  # encoded RolloutIndex with 0, 1, 2, ... entries
+    subkey_overhead: int  # signed owned subkey, signature and expiration around a record in a dict value
     neighbour: int  # one (node id, peer id) pair in a find result
     per_key: int  # key id and result framing per key in a request/response
 
     @classmethod
-    def measure(cls) -> Sizes:
+    def measure(cls, max_entries: int = 64) -> Sizes:
         from hivemind.dht.crypto import RSASignatureValidator
         from hivemind.dht.protocol import DHTProtocol
         from hivemind.dht.storage import DictionaryDHTValue
         from hivemind.dht.validation import DHTRecord
+        from hivemind.utils import get_dht_time
         from hivemind.utils.crypto import RSAPrivateKey
 
         rng = np.random.default_rng(0)
         group = synthetic_group(rng, swarm_id=SWARM, sender="x" * 52, created_at=3e6, prompt_index=1,
                                 policy_version=1, group_size=8, tokens=256)
         chunk = len(codec.encode(group))
-        entry = IndexEntry(chunk_digests=("ab" * 32,), size=chunk, prompt_index=12345, policy_version=100,
-                           created_at=3e6 + 0.123456)
-
-        def record(n: int) -> bytes:
-            return codec.encode(RolloutIndex(sender="Qm" + "x" * 44, window=100_000, entries=(entry,) * n))
-
+        entries = tuple(IndexEntry(chunk_digests=(hashlib.sha256(bytes([i])).hexdigest(),), size=chunk + i,
+                                   prompt_index=12345 + i, policy_version=100, created_at=3e6 + i * 0.123456)
+                        for i in range(max_entries + 1))
+        lengths = [len(codec.encode(RolloutIndex(sender="Qm" + "x" * 44, window=100_000, entries=entries[:n])))
+                   for n in range(max_entries + 1)]
         ser = DHTProtocol.serializer
         signers = [RSASignatureValidator(RSAPrivateKey()) for _ in range(2)]
+        record = codec.encode(RolloutIndex(sender="Qm" + "x" * 44, window=100_000, entries=entries[:1]))
+
+        expiration = get_dht_time() + 300
 
         def dict_value(n_subkeys: int) -> int:
             value = DictionaryDHTValue()
             for v in signers[:n_subkeys]:
-                rec = DHTRecord(key=b"k" * 20, subkey=ser.dumps(v.local_public_key), value=ser.dumps(record(1)),
-                                expiration_time=3e6)
-                value.store(rec.subkey, v.sign_value(rec), 3e6)
+                rec = DHTRecord(key=b"k" * 20, subkey=ser.dumps(v.local_public_key), value=ser.dumps(record),
+                                expiration_time=expiration)
+                value.store(rec.subkey, v.sign_value(rec), expiration)
             return len(ser.dumps(value))
 
-        per_subkey = dict_value(2) - dict_value(1)
-        return cls(chunk=chunk, record_base=per_subkey - (len(record(1)) - len(record(0))),
-                   per_entry=len(record(2)) - len(record(1)), neighbour=20 + 34 + 4, per_key=20 + 16)
+        return cls(chunk=chunk, record_lengths=lengths, subkey_overhead=dict_value(2) - dict_value(1) - len(record),
+                   neighbour=20 + 34 + 4, per_key=20 + 16)
 
     def record(self, entries: int) -> int:
-        return self.record_base + self.per_entry * entries
+        """Bytes of one peer's record with `entries` entries inside a dictionary value."""
+        lengths = self.record_lengths
+        if entries < len(lengths):
+            return self.subkey_overhead + lengths[entries]
+        return self.subkey_overhead + lengths[-1] + (entries - len(lengths) + 1) * (lengths[-1] - lengths[-2])
 
 
 class Dht:
@@ -149,8 +155,9 @@ class Dht:
                 self._nearest[(node, kid)] = near
         return near
 
-    def lookup(self, src: int, kid: np.uint64, stop_when_found: bool, cache: bool) -> list[int]:
-        """Nodes a traversal from `src` visits, in order (hivemind's traverse_dht, in waves)."""
+    def lookup(self, src: int, kid: np.uint64, stop_when_found: bool, cache: bool) -> list[tuple[int, int]]:
+        """(node, neighbours it answered with) for each node a traversal from `src` visits, in order
+        (hivemind's traverse_dht, in waves)."""
         holders = self.holders(kid)
         dist = {int(j): int(self.ids[j] ^ kid) for j in self.nearest(src, kid, cache)}
         visited, order = {src}, []
@@ -163,8 +170,9 @@ class Dht:
                 return order
             for j in wave:
                 visited.add(j)
-                order.append(j)
-                for m in self.nearest(j, kid, cache):
+                near = self.nearest(j, kid, cache)
+                order.append((j, len(near)))
+                for m in near:
                     m = int(m)
                     if m != src and m not in dist:
                         dist[m] = int(self.ids[m] ^ kid)
@@ -206,13 +214,13 @@ class Model:
     def _find(self, t: Traffic, src: int, key: str, stop_when_found: bool, value_bytes: int) -> bool:
         kid = self.dht.key_id(key)
         holders = self.dht.holders(kid)
-        found = False
-        for j in self.dht.lookup(src, kid, stop_when_found, cache="/chunk/" not in key):
-            down = self.sizes.per_key + BUCKET * self.sizes.neighbour + (value_bytes if j in holders else 0)
+        if stop_when_found and src in holders:
+            return True  # found in local storage: no traversal
+        found = src in holders
+        for j, neighbours in self.dht.lookup(src, kid, stop_when_found, cache="/chunk/" not in key):
+            down = self.sizes.per_key + neighbours * self.sizes.neighbour + (value_bytes if j in holders else 0)
             t.rpc(src, j, self.sizes.per_key, down)
             found |= j in holders
-        if src in holders:
-            found = True
         return found
 
     def _store(self, t: Traffic, src: int, key: str, value: int, held: int) -> None:
