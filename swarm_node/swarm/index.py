@@ -78,7 +78,9 @@ def level_for(peers: float, peers_per_shard: int, current: int | None = None,
 class ShardedIndex:
     """One node's view of the sharded index: its level, its estimate, its read plan.
 
-    Not thread-safe; the exchange calls it from one gather or publish at a time.
+    The write side (`write_key`, `forget_before`) and the read side (`read_plan`, `observe`) may
+    run in two threads (a node publishes while its gather runs); each side is called from one
+    thread at a time, and they share only `level`, an int replaced whole.
     """
 
     def __init__(self, swarm_id: str, peer_id: str, *, peers_per_shard: int = 16, shards_per_read: int = 1,
