@@ -355,6 +355,9 @@ def _ratios(results: list[dict], sizes: list[int]) -> dict:
                 b["bytes_per_node_round"] / a["bytes_per_node_round"], 3)
             out[f"{layout}_hottest_bytes_ratio_{big}_vs_{mid[0]}"] = round(
                 b["hottest_node_bytes_served_round"] / a["hottest_node_bytes_served_round"], 3)
+    flat = out.get(f"sharded_bytes_per_node_ratio_{big}_vs_{mid[0]}") if mid else None
+    if flat is not None:
+        out["goal_sharded_bytes_per_node_within_1_5x"] = flat <= 1.5
     if ("old", big) in by and ("sharded", big) in by:
         out[f"hottest_bytes_old_vs_sharded_at_{big}"] = round(
             by[("old", big)]["hottest_node_bytes_served_round"] / by[("sharded", big)]["hottest_node_bytes_served_round"], 2)
