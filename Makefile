@@ -33,7 +33,7 @@ test-multihost: env  # hosts as network namespaces (root; skips with its reason 
 	$(PY) -m pytest -q -s -m multihost tests/multihost $(ARGS)
 
 bench: env
-	for b in wire objective swarm generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)
