@@ -275,8 +275,9 @@ class PrometheusExporter:
     Every documented metric becomes a gauge `swarm_node_<name>` the first time it is set (so
     metrics a node never reports do not show as zeros); undocumented names are exported the same
     way. `dropped_<reason>` values are per-step counts added to the counter
-    `swarm_node_dropped_total{reason="<reason>"}`. Each exporter has its own registry, so several
-    can run in one process (tests, `swarm-node local`).
+    `swarm_node_dropped_total{reason="<reason>"}`, which is the running total, so the
+    `total_dropped_<reason>` entries are not exported again. Each exporter has its own registry,
+    so several can run in one process (tests, `swarm-node local`).
     """
 
     PREFIX = "swarm_node_"
@@ -333,6 +334,8 @@ class PrometheusExporter:
                     if not (math.isfinite(v) and v >= 0):
                         raise ValueError(f"{name} is a per-step count, finite and >= 0; got {v}")
                     self._dropped.labels(reason=reason).inc(v)
+                    continue
+                if name.startswith(TOTAL_DROPPED_PREFIX):  # the counter above already is the total
                     continue
                 gauge = self._gauges.get(name)
                 if gauge is None:
