@@ -32,6 +32,7 @@ from hivemind.utils import get_dht_time
 
 from protocol import keys
 from swarm_node.config import SwarmConfig
+from swarm_node.swarm.addresses import relay_maddrs, usable_maddrs
 from swarm_node.swarm.dht_process import (
     PipeFixedDHT,
     check_initial_peers,
@@ -40,9 +41,8 @@ from swarm_node.swarm.dht_process import (
     redial_in_dht,
     store_many_in_dht,
 )
-from swarm_node.swarm.addresses import relay_maddrs, usable_maddrs
-from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.identity import NodeIdentity
+from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.transport import (
     BAD_DIGEST,
     FETCH_TIMEOUT,
