@@ -113,6 +113,8 @@ class HivemindTransport(Transport):
         self.relayed = use_auto_relay and not client_mode
         self._announce = [str(a) for a in announce_maddrs]
         self._send_lock = threading.Lock()  # the DHT's command pipe is not safe for concurrent senders
+        self._usable: list[str] = []
+        self._maddrs_at: float | None = None
         validators: list[RecordValidatorBase] = [
             CachedRSASignatureValidator(identity.private_key),
             SwarmRecordValidator(swarm_id),
@@ -210,11 +212,21 @@ class HivemindTransport(Transport):
 
     @property
     def usable_maddrs(self) -> list[str]:
-        """The addresses others can join this node through (see addresses.py); [] in client mode."""
+        """The addresses others can join this node through (see addresses.py); [] in client mode.
+        Asked afresh at most every 30 s; the last answer stands in when the DHT is too busy."""
         if self.client_mode:
             return []
-        relays = relay_maddrs(self._initial_peers, self.peer_id) if self.relayed else []
-        return usable_maddrs([*self.visible_maddrs, *relays], announce=self._announce)
+        if self._maddrs_at is None or time.monotonic() - self._maddrs_at > 30.0:
+            try:
+                visible = self.visible_maddrs
+            except FutureTimeoutError:
+                if self._maddrs_at is None:
+                    raise
+            else:
+                relays = relay_maddrs(self._initial_peers, self.peer_id) if self.relayed else []
+                self._usable = usable_maddrs([*visible, *relays], announce=self._announce)
+                self._maddrs_at = time.monotonic()
+        return list(self._usable)
 
     # -- membership ------------------------------------------------------------------------
     def read_health(self, timeout: float = 5.0) -> Health | None:
