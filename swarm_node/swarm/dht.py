@@ -10,10 +10,8 @@
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
 * Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
   cancels the future after it; nothing spins.
-* Self-healing membership (membership.py): a keeper thread re-dials known peers with backoff
-  when the node has been without live peers for a while; `health()` is what it last saw.
-* `usable_maddrs` are the addresses others can join through (addresses.py), never loopback unless
-  the node listens on loopback only; a client-mode node has none.
+* Self-healing membership (membership.py) re-dials known peers with backoff after an outage;
+  `usable_maddrs` are the addresses others can join through (addresses.py).
 """
 
 from __future__ import annotations
@@ -130,9 +128,8 @@ class HivemindTransport(Transport):
             client_mode=client_mode,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
-            # Relaying (see addresses.py): a peer declared public offers it at once (libp2p starts
-            # its relay service only once it believes it is public); a peer asking for relays is
-            # private and reserves a slot at its initial peers.
+            # Relaying (addresses.py): libp2p relays only for a peer it believes public; a peer
+            # asking for relays is private and reserves a slot at its initial peers.
             force_reachability=reachability or ("private" if self.relayed else None),
             trusted_relays=self._initial_peers if self.relayed else None,
             identity_path=str(identity.path),
@@ -239,8 +236,7 @@ class HivemindTransport(Transport):
                       peers=dict(out["peers"]), stored_keys=int(out["stored_keys"]))
 
     def health(self) -> dict[str, float]:
-        """What the membership keeper last saw (no DHT call): live_peers, routing_table_size, ..."""
-        return self.membership.snapshot()
+        return self.membership.snapshot()  # what the keeper last saw: no DHT call
 
     def redial(self, peers: Sequence[tuple[str, list[str]]], timeout: float) -> int:
         """Connect to and ping each (peer id, multiaddrs); returns how many answered."""
