@@ -30,7 +30,8 @@ def alone_warning(metrics: Mapping[str, float], warn_steps: int = ALONE_WARN_STE
     if alone is None or alone < warn_steps:
         return None
     return (f"alone for {int(alone)} steps: no live peer (routing table "
-            f"{int(metrics.get(m.ROUTING_TABLE_SIZE, 0))}); re-dialling known peers")
+            f"{int(metrics.get(m.ROUTING_TABLE_SIZE, 0))}); check the network, or swarm.initial_peers "
+            "if it never had one")
 
 
 class HealthTracker:
