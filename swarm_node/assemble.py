@@ -88,7 +88,9 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
                                    max_group_size=max(256, cfg.generation.group_size),
                                    record_ttl_s=cfg.swarm.record_ttl_s,
                                    window_seconds=cfg.swarm.window_seconds,
-                                   tokenizer_fingerprint=policy.fingerprint)
+                                   tokenizer_fingerprint=policy.fingerprint,
+                                   index_peers_per_shard=cfg.swarm.index_peers_per_shard,
+                                   index_shards_per_read=cfg.swarm.index_shards_per_read)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
