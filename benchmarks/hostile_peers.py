@@ -11,6 +11,8 @@ is replaced, so its groups are well-formed and signed but carry what an attacker
     lp-90-ftis   every logprob -90 on F-TIS (is_weight_max was Infinity)
     stall-fact   every answer `\\boxed{99!!}` (the verifier runs into its timeout)
     stall-tower  every answer `\\boxed{9^{9^9}}`
+    stall-unscreened  every answer `\\boxed{\\pi^{2}}`, scored by a verifier that never returns on
+                 `\\pi` (it stands in for an answer that passes any pre-screen but stalls sympy)
 
 Reported per scenario: the honest node's step times, whether it crashed, peer samples used, its
 drops by reason and whether every metric was finite. The numeric attacks score rewards with a hash
@@ -52,7 +54,15 @@ SCENARIOS = {
     "baseline-real-reward": ("f-tis", None, None, "real"),
     "stall-fact": ("f-tis", None, "\\boxed{99!!}", "real"),
     "stall-tower": ("f-tis", None, "\\boxed{9^{9^9}}", "real"),
+    "stall-unscreened": ("f-tis", None, "\\boxed{\\pi^{2}}", "stall-pi"),
 }
+
+
+def stall_on_pi(gold: str, prediction: str) -> bool:
+    """The verifier of `stall-unscreened` (runs in the reward worker process)."""
+    if "\\pi" in prediction:
+        time.sleep(60)
+    return False
 
 
 def hash_reward(text: str, problem: object) -> float:
@@ -96,6 +106,13 @@ def run_scenario(name: str, steps: int, root: Path) -> dict:
     evil.parts.reward_fn = hash_reward
     if reward == "hash":
         honest.parts.reward_fn = hash_reward
+    elif reward == "stall-pi":
+        from benchmarks.hostile_peers import stall_on_pi as by_name  # picklable also when run as __main__
+        from swarm_node.tasks.rewards import CorrectnessReward
+
+        honest.parts.reward_fn.close()
+        honest.parts.reward_fn = CorrectnessReward("number", timeout_s=5.0, verify_fn=by_name)
+        honest.parts.close_hooks.append(honest.parts.reward_fn.close)
     make_hostile(evil, logprob, text)
     honest.run_step()  # warm-up: first-call costs (math-verify worker, allocator) are not the attack's
     times, peer_used, finite, crashed, last = [], [], True, None, {}
