@@ -64,7 +64,7 @@ class GenerationConfig(_Section):
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
     top_p: float = Field(
         1.0, gt=0, le=1,
-        description="Nucleus sampling mass; only 1 is supported (logprobs are those of the full tempered distribution).",
+        description="Nucleus sampling mass; only 1 is supported (logprobs are the full tempered distribution's).",
     )
     batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")

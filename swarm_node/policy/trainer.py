@@ -287,7 +287,8 @@ class Trainer:
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
-                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}", _culprit_rows(inputs, idx))
+                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}",
+                                 _culprit_rows(inputs, idx))
             if loss.requires_grad:
                 loss.backward()
             stats.merge(mb_stats)
