@@ -76,6 +76,9 @@ STORED_KEYS = "stored_keys"
 ALONE_SECONDS = "alone_seconds"
 REDIALS = "redials"
 UPTIME_SECONDS = "uptime_seconds"
+NONFINITE_DROPPED_SAMPLES = "nonfinite_dropped_samples"
+NONFINITE_SENDERS = "nonfinite_senders"
+PEER_REWARD_SECONDS = "peer_reward_seconds"
 
 DROPPED_PREFIX = "dropped_"
 TOTAL_DROPPED_PREFIX = "total_dropped_"
@@ -100,8 +103,8 @@ METRICS: dict[str, str] = {
     KL_P90: "90th percentile of per-sample KL.",
     KL_P99: "99th percentile of per-sample KL.",
     KL_MAX: "Largest per-sample KL.",
-    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta/pi_gen before truncation.",
-    IS_WEIGHT_MAX: "Largest token importance weight before truncation.",
+    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta_old/pi_gen before truncation (every peer sample).",
+    IS_WEIGHT_MAX: "Largest token importance weight before truncation (finite: log-ratios are clamped).",
     TRUNCATED_FRACTION: "Fraction of tokens whose importance weight was truncated at C.",
     CLIPPED_FRACTION: "Fraction of tokens where the PPO clip was active.",
     ESS: "Effective sample size of the importance weights, normalised to [0, 1].",
@@ -128,6 +131,9 @@ METRICS: dict[str, str] = {
     ALONE_SECONDS: "Seconds since this peer has had no live peer (0 when connected).",
     REDIALS: "Re-dial rounds run by self-healing membership since start.",
     UPTIME_SECONDS: "Seconds since this bootstrap started.",
+    NONFINITE_DROPPED_SAMPLES: "Peer samples dropped from the step because its loss or gradient was non-finite.",
+    NONFINITE_SENDERS: "Peers blamed for a non-finite step (their groups stay refused: dropped_rejected_before).",
+    PEER_REWARD_SECONDS: "Seconds spent verifying peers' answers (capped by task.peer_reward_budget_s).",
 }
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
