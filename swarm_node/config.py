@@ -174,6 +174,18 @@ class SwarmConfig(_Section):
     )
     prompt_set_id: str | None = Field(None, description="Load the prompt set seeded under this id.")
     prompt_set_owner: str | None = Field(None, description="Operator public key that must sign the prompt set.")
+    max_record_ttl_s: float = Field(
+        3600.0, gt=0, description="DHT records expiring later than now + this are refused (store and read).")
+    max_subkeys_per_key: int = Field(256, ge=1, description="Owned records (peers) one replica keeps under one key.")
+    max_bytes_per_key: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps under one key.")
+    max_bytes_per_peer: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps from one peer.")
+
+    @model_validator(mode="after")
+    def _check_ttl(self) -> SwarmConfig:
+        if self.record_ttl_s > self.max_record_ttl_s:
+            raise ValueError(f"swarm.record_ttl_s ({self.record_ttl_s}) exceeds swarm.max_record_ttl_s "
+                             f"({self.max_record_ttl_s}): peers would refuse this node's records")
+        return self
 
 
 class CheckpointConfig(_Section):

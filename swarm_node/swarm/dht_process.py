@@ -74,9 +74,14 @@ class PipeFixedDHT(hivemind.DHT):
     encoding (see module doc)."""
 
     parent_check_interval = 1.0
+    storage_caps: tuple[int, int, int] | None = None  # (subkeys per key, bytes per key, bytes per peer)
 
     def run(self) -> None:
         _lazy_peer_id_base58()
+        if self.storage_caps is not None:
+            from swarm_node.swarm.validators import CappedStorage
+
+            CappedStorage.install(*self.storage_caps)
         self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
