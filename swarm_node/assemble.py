@@ -83,12 +83,14 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     if transport is not None:
         from swarm_node.swarm.exchange import RolloutExchange
 
+        min_g, max_g = peer_group_bounds(cfg)
         exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
                                    max_new_tokens=cfg.generation.max_new_tokens,
-                                   max_group_size=max(256, cfg.generation.group_size),
+                                   min_group_size=min_g, max_group_size=max_g,
                                    record_ttl_s=cfg.swarm.record_ttl_s,
                                    window_seconds=cfg.swarm.window_seconds,
-                                   tokenizer_fingerprint=policy.fingerprint)
+                                   tokenizer_fingerprint=policy.fingerprint,
+                                   admission=build_admission(cfg, prompt_set))
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
@@ -102,6 +104,30 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     if dht_time is not None:
         parts.dht_time = dht_time
     return parts, start_step
+
+
+def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
+    """(smallest, largest) peer group size taken: the local G unless configured."""
+    g = cfg.generation.group_size
+    return cfg.swarm.min_peer_group_size or g, cfg.swarm.max_peer_group_size or g
+
+
+def build_admission(cfg: NodeConfig, prompt_set: Any) -> Any:
+    """The node's admission rules (swarm/admission.py) from its config and prompt set."""
+    from swarm_node.swarm.admission import Admission, PromptAssignment
+    from swarm_node.swarm.allowlist import load_allow_list
+
+    s = cfg.swarm
+    allowed = list(s.allowed_peers)
+    if s.allowed_peers_file is not None:
+        allowed += load_allow_list(s.allowed_peers_file, s.swarm_id, s.prompt_set_owner)
+    prompts = PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
+                               prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
+                               salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
+                               window_seconds=s.window_seconds)
+    tokens = s.max_peer_tokens_per_step or (
+        s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
+    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens)
 
 
 def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):

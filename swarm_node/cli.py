@@ -49,9 +49,16 @@ def _run_node(cfg: NodeConfig, verbose: bool) -> None:
         # which would leave the trainer single-threaded.
         os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     from swarm_node.assemble import run_node
+    from swarm_node.swarm.allowlist import AllowListError
 
     _setup_logging(verbose)
-    run_node(cfg)
+    try:
+        run_node(cfg)
+    except AllowListError as e:
+        if verbose:
+            raise
+        typer.secho(f"swarm-node: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from e
 
 
 @app.command()
@@ -115,6 +122,19 @@ def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")
     _setup_logging()
     run_seed(task=task, source=source, name=name, swarm_id=swarm_id, key_file=key_file,
              initial_peers=initial_peer or [], node_dir=node_dir, hold=hold)
+
+
+@app.command("allow-list")
+def allow_list(peer: Annotated[list[str], typer.Option("--peer", help="A peer id to allow (repeat the option).")],
+               out: Annotated[Path, typer.Option(help="Where to write the signed allow-list.")] = Path("allow-list.json"),
+               swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
+               key_file: Annotated[Path, typer.Option(help="Operator signing key (the prompt-set key).")] = Path("operator.key")) -> None:
+    """Sign an allow-list of peer ids for a closed swarm (nodes: swarm.allowed_peers_file)."""
+    from swarm_node.swarm.allowlist import write_allow_list
+    from swarm_node.swarm.identity import load_or_create_key
+
+    peers = write_allow_list(out, swarm_id, peer, load_or_create_key(key_file))
+    print(f"{out}: {len(peers)} peers of swarm {swarm_id!r}, signed by {key_file}")
 
 
 @app.command()

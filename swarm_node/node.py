@@ -175,11 +175,14 @@ class Node:
         if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
             return None
         seed = self._rng.getrandbits(64)
+        # Fetch no more than this step can use: groups over the peer cap would be fetched for nothing.
+        max_groups = rollouts.peer_group_cap(min(cfg.train.prompts_per_step, len(self.parts.prompt_set)),
+                                             cfg.swarm.max_peer_fraction, cfg.swarm.max_peer_groups_per_step)
         return self._pool.submit(
             exchange.fetch_groups,
             current_window=window,
             staleness_windows=cfg.swarm.staleness_steps,
-            max_groups=cfg.swarm.max_peer_groups_per_step,
+            max_groups=max_groups,
             max_per_peer=cfg.swarm.max_groups_per_peer,
             timeout=cfg.swarm.fetch_timeout_s,
             rng=random.Random(seed),

@@ -15,7 +15,11 @@ one reason (see the REASON constants and `protocol.validate` reasons).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
-`group_filter` hook lets the caller add checks that return a drop reason.
+`group_filter` hook lets the caller add checks that return a drop reason. An `Admission`
+(admission.py) adds the bounded-influence rules: allow-list, reputation, sampling fair over
+identities, assigned prompts, the sender's declared G, replays across senders, a token budget.
+A gather that drops most of what it looked at, or whose index reads time out, is logged (at most
+once a minute) as degraded exchange.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from protocol.messages import (
     RolloutIndex,
 )
 from protocol.validate import ValidationLimits, validate_group, validate_status
+from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
@@ -102,6 +107,8 @@ class RolloutExchange:
         tokenizer_fingerprint: str | None = None,
         group_filter: Callable[[RolloutGroup], str | None] | None = None,
         store_timeout: float = 10.0,
+        min_group_size: int = 1,
+        admission: Admission | None = None,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
@@ -110,10 +117,13 @@ class RolloutExchange:
         self.max_group_bytes = max_group_bytes
         self.group_filter = group_filter
         self.store_timeout = store_timeout
+        self.admission = admission
         self.limits = ValidationLimits(
             vocab_size=vocab_size, max_tokens_per_completion=max_new_tokens, max_group_size=max_group_size,
-            expected_swarm_id=swarm_id, expected_tokenizer_fingerprint=tokenizer_fingerprint,
+            min_group_size=min_group_size, expected_swarm_id=swarm_id,
+            expected_tokenizer_fingerprint=tokenizer_fingerprint,
         )
+        self._degraded = DegradedExchangeLog()
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
         self.drops = DropCounter()  # everything dropped so far (groups and status records)
         self._published: dict[int, list[IndexEntry]] = {}  # window -> own entries
@@ -219,6 +229,8 @@ class RolloutExchange:
         rng = rng or random.Random()
         drops = DropCounter()
         self._forget_before(current_window - staleness_windows)
+        if self.admission is not None:
+            self.admission.begin_gather()
         if max_groups <= 0 or max_per_peer <= 0:
             return [], drops
         windows = range(max(0, current_window - staleness_windows), current_window + 1)
@@ -229,12 +241,22 @@ class RolloutExchange:
             for owner, item in found.get(key, {}).items():
                 if exclude_self and owner == self.transport.peer_id:
                     continue
+                refused = self.admission.peer_reason(owner) if self.admission is not None else None
+                if refused is not None:
+                    drops.add(refused)
+                    continue
                 candidates.extend(self._index_candidates(owner, window, item.value, current_window,
                                                          staleness_windows, drops))
         chosen = self._sample(candidates, max_groups, max_per_peer, rng)
         groups = self._fetch_chosen(chosen, deadline, current_window, staleness_windows, drops)
         self.drops.update(drops)
+        self._degraded.check(len(groups), drops)
         return groups, drops
+
+    def _drop(self, drops: DropCounter, reason: str, owner: str) -> None:
+        drops.add(reason)
+        if self.admission is not None:
+            self.admission.record(owner, reason)
 
     def _index_candidates(self, owner: str, window: int, data: bytes, current: int, staleness: int,
                           drops: DropCounter) -> list[_Candidate]:
@@ -254,7 +276,7 @@ class RolloutExchange:
             elif index.window != window:
                 reason = INDEX_MISMATCH
         if reason is not None:
-            drops.add(reason)
+            self._drop(drops, reason, owner)
             self._bad_indexes[record_id] = window
             return []
         out, listed = [], set()
@@ -263,12 +285,12 @@ class RolloutExchange:
             if digests in self._seen_digests:
                 continue  # taken (or rejected and counted) in an earlier gather: not new data
             if digests in listed:
-                drops.add(DUPLICATE)  # the same payload listed twice
+                self._drop(drops, DUPLICATE, owner)  # the same payload listed twice
                 continue
             listed.add(digests)
             reason = self._entry_reason(owner, entry, current, staleness)
             if reason is not None:
-                drops.add(reason)
+                self._drop(drops, reason, owner)
                 self._seen_digests[digests] = window
                 continue
             out.append(_Candidate(owner, window, entry))
@@ -283,6 +305,10 @@ class RolloutExchange:
             return INDEX_MISMATCH
         if (owner, entry.prompt_index, entry.policy_version) in self._seen_groups:
             return DUPLICATE
+        if self.admission is not None:
+            refused = self.admission.entry_reason(owner, entry.prompt_index, entry.policy_version, entry.created_at)
+            if refused is not None:
+                return refused
         return self._age_reason(entry.created_at, current, staleness)
 
     def _age_reason(self, created_at: float, current: int, staleness: int) -> str | None:
@@ -296,20 +322,12 @@ class RolloutExchange:
             return FUTURE
         return None
 
-    @staticmethod
-    def _sample(candidates: list[_Candidate], max_groups: int, max_per_peer: int,
+    def _sample(self, candidates: list[_Candidate], max_groups: int, max_per_peer: int,
                 rng: random.Random) -> list[_Candidate]:
-        rng.shuffle(candidates)
-        per_peer: dict[str, int] = {}
-        chosen = []
-        for c in candidates:
-            if len(chosen) >= max_groups:
-                break
-            if per_peer.get(c.owner, 0) >= max_per_peer:
-                continue
-            per_peer[c.owner] = per_peer.get(c.owner, 0) + 1
-            chosen.append(c)
-        return chosen
+        """Fair over identities first, then groups (admission.fair_sample), reputation-weighted."""
+        if self.admission is not None:
+            return self.admission.sample(candidates, max_groups, max_per_peer, rng)
+        return fair_sample(candidates, max_groups, max_per_peer, rng)
 
     def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
                       drops: DropCounter) -> list[RolloutGroup]:
@@ -329,14 +347,16 @@ class RolloutExchange:
                     continue
                 if failed[0] == FETCH_TIMEOUT:
                     del self._seen_digests[digests_c]  # may be fetched again next time
-                drops.add(failed[0])
+                self._drop(drops, failed[0], c.owner)
                 continue
             data = b"".join(fetched.found[d] for d in digests_c)
             reason, group = self._check_group(c, data, current, staleness)
             if reason is not None:
-                drops.add(reason)
+                self._drop(drops, reason, c.owner)
                 continue
             self._seen_groups[(group.sender, group.prompt.index, group.policy_version)] = c.window
+            if self.admission is not None:
+                self.admission.record(c.owner, None)
             groups.append(group)
         return groups
 
@@ -366,6 +386,10 @@ class RolloutExchange:
             extra = self.group_filter(group)
             if extra is not None:
                 return extra, None
+        if self.admission is not None:
+            refused = self.admission.group_reason(group, c.window)
+            if refused is not None:
+                return refused, None
         return None, group
 
     def _forget_before(self, oldest_window: int) -> None:
@@ -373,3 +397,5 @@ class RolloutExchange:
         for table in (self._seen_digests, self._seen_groups, self._bad_indexes, self._missing_once):
             for k in [k for k, w in table.items() if w < oldest_window]:
                 del table[k]
+        if self.admission is not None:
+            self.admission.forget_before(oldest_window)
