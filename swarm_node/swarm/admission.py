@@ -7,9 +7,9 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   lightly for network weather such as timeouts and missing chunks) and failed checks lower its
   share; enough faults with few accepted groups exclude it (`excluded_peer`) until its faults decay.
 * **Fair sampling** (`fair_sample`): candidates are taken one group per identity per round, the
-  identities in a reputation-weighted random order, each up to its quota of `max_per_peer` scaled by
-  its weight; so a peer listing many groups gets no more than one listing few, and a crowd of fresh
-  identities is served after peers with a record of accepted groups, not before.
+  identities ordered by reputation weight (random among equals), each up to its quota of
+  `max_per_peer` scaled by its weight; so a peer listing many groups gets no more than one listing
+  few, and a crowd of fresh identities is served after peers with a record of accepted groups.
 * **Declared G** (`check_group`): a sender's group size is fixed by its first accepted group (the
   bounds, the local G unless configured, are `protocol.validate`'s `min/max_group_size`);
   a group of another size is dropped (`group_size_changed`).
@@ -66,12 +66,15 @@ C = TypeVar("C", bound=_HasOwner)
 class Reputation:
     """Per-peer counts of accepted groups and faults, decayed by `decay` at every `tick()`.
 
-    weight(peer) = (1 + good) / (1 + good + penalty * faults), in (0, 1]; a peer with at least
-    `exclude_faults` faults and a weight under `exclude_below` is excluded.
+    weight(peer) = trust * cleanliness, in (0, 1]: trust = min(1, (1 + good) / (1 + trusted_after))
+    grows with accepted groups (a fresh identity starts at 1 / (1 + trusted_after)), cleanliness =
+    (1 + good) / (1 + good + penalty * faults). A peer with at least `exclude_faults` faults and a
+    weight under `exclude_below` is excluded (until its faults decay).
     """
 
     decay: float = 0.9
     penalty: float = 2.0
+    trusted_after: float = 3.0
     exclude_faults: float = 4.0
     exclude_below: float = 0.2
     good: dict[str, float] = field(default_factory=lambda: defaultdict(float))
@@ -86,7 +89,8 @@ class Reputation:
 
     def weight(self, peer: str) -> float:
         good = self.good.get(peer, 0.0)
-        return (1.0 + good) / (1.0 + good + self.penalty * self.faults.get(peer, 0.0))
+        trust = min(1.0, (1.0 + good) / (1.0 + self.trusted_after))
+        return trust * (1.0 + good) / (1.0 + good + self.penalty * self.faults.get(peer, 0.0))
 
     def excluded(self, peer: str) -> bool:
         return self.faults.get(peer, 0.0) >= self.exclude_faults and self.weight(peer) < self.exclude_below
@@ -101,13 +105,14 @@ class Reputation:
 
 def fair_sample(candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random,
                 weight: Callable[[str], float] = lambda _: 1.0) -> list[C]:
-    """At most `max_groups` candidates: one per identity per round, identities in a weighted random
-    order (weight in (0, 1]), each at most max(1, round(max_per_peer * weight)) in all."""
+    """At most `max_groups` candidates: one per identity per round, identities by weight (in (0, 1],
+    rounded to tenths: higher first, random among equals), each at most max(1, round(max_per_peer *
+    weight)) in all."""
     by_owner: dict[str, list[C]] = defaultdict(list)
     for c in candidates:
         by_owner[c.owner].append(c)
-    order_key = {o: rng.random() ** (1.0 / max(weight(o), 1e-6)) for o in by_owner}  # Efraimidis-Spirakis
-    owners = sorted(by_owner, key=lambda o: -order_key[o])
+    order_key = {o: (-round(weight(o), 1), rng.random()) for o in by_owner}
+    owners = sorted(by_owner, key=order_key.__getitem__)
     quota = {o: max(1, min(max_per_peer, round(max_per_peer * weight(o)))) for o in owners}
     for o in owners:
         rng.shuffle(by_owner[o])
