@@ -262,10 +262,11 @@ class CappedStorage(DHTLocalStorage):
     """A replica's local storage with caps on owned records (subkeys), checked at store time:
 
     at most `max_subkeys_per_key` live subkeys and `max_bytes_per_key` bytes under one key, and at
-    most `max_bytes_per_peer` bytes from one owner over all keys. A refused store answers False
-    (the writer sees a failed store); a subkey already present may always be replaced by a value
-    that keeps its key and owner under the caps. Install with `CappedStorage.install(...)` in
-    the DHT process (hivemind's protocol builds its storage by name).
+    most `max_bytes_per_peer` bytes from one owner over all keys. A store into a full key evicts
+    records *larger* than itself, largest first, until it fits (index and status records of honest
+    nodes are small, so a flood of large records cannot lock them out of a key); otherwise it is
+    refused and answers False (the writer sees a failed store). Install with
+    `CappedStorage.install(...)` in the DHT process (hivemind's protocol builds its storage by name).
     """
 
     max_subkeys_per_key = 256
@@ -300,18 +301,33 @@ class CappedStorage(DHTLocalStorage):
                                   if any(exp > now for _, exp in held.values())}
         return stored
 
+    def _make_room(self, records: DictionaryDHTValue, subkey, size: int) -> str | None:
+        """Evict records larger than `size` (largest first) until one more of `size` fits under the key."""
+        others = sorted(((len(item.value), sk) for sk, item in records.items() if sk != subkey), reverse=True)
+        total = sum(n for n, _ in others)
+        evict = []
+        while others and (len(others) >= self.max_subkeys_per_key or total + size > self.max_bytes_per_key):
+            n, sk = others[0]
+            if n <= size:
+                return "subkeys_per_key" if len(others) >= self.max_subkeys_per_key else "bytes_per_key"
+            evict.append(sk)
+            others.pop(0)
+            total -= n
+        for sk in evict:
+            del records[sk]
+            self.refusals.add("evicted_for_smaller")
+        return None
+
     def _over_cap(self, key: DHTID, subkey, size: int, expiration_time: float) -> str | None:
         now = get_dht_time()
         current = self.get(key)
-        if current is not None and isinstance(current.value, DictionaryDHTValue):
-            others = [(sk, item) for sk, item in current.value.items() if sk != subkey]
-            if len(others) >= self.max_subkeys_per_key:
-                return "subkeys_per_key"
-            if size + sum(len(item.value) for _, item in others) > self.max_bytes_per_key:
-                return "bytes_per_key"
-        elif size > self.max_bytes_per_key:
+        if size > self.max_bytes_per_key:
             return "bytes_per_key"
-        held = self._by_owner.get(subkey, {})
+        if current is not None and isinstance(current.value, DictionaryDHTValue):
+            reason = self._make_room(current.value, subkey, size)
+            if reason is not None:
+                return reason
+        held = self._by_owner.get(subkey, {})  # (an owner's records evicted elsewhere still count until they expire)
         for k in [k for k, (_, exp) in held.items() if exp <= now]:
             del held[k]
         if size + sum(n for k, (n, _) in held.items() if k != key) > self.max_bytes_per_peer:

@@ -159,3 +159,17 @@ def test_storage_caps_bytes_per_key_and_per_peer(storage) -> None:
     assert storage.store_subkey(_k("c"), b"[owner:4]", b"x" * 700, time.time() + 0.2)
     time.sleep(0.3)
     assert storage.store_subkey(_k("d"), b"[owner:4]", b"x" * 700, exp)
+
+
+def test_a_full_key_makes_room_for_a_smaller_record_not_a_larger_one(storage) -> None:
+    exp = time.time() + 60
+    assert storage.store_subkey(_k("a"), b"[owner:flood1]", b"x" * 450, exp)
+    assert storage.store_subkey(_k("a"), b"[owner:flood2]", b"x" * 450, exp)
+    # Full (900 of 1000 bytes): a small honest record evicts the largest flood record to fit ...
+    assert storage.store_subkey(_k("a"), b"[owner:honest]", b"h" * 200, exp)
+    held = dict(storage.get(_k("a")).value.items())
+    assert b"[owner:honest]" in held and len(held) == 2
+    # ... and a large record cannot push the small ones out.
+    assert not storage.store_subkey(_k("a"), b"[owner:flood3]", b"x" * 500, exp)
+    assert b"[owner:honest]" in dict(storage.get(_k("a")).value.items())
+    assert storage.refusals.counts["evicted_for_smaller"] >= 1
