@@ -179,3 +179,22 @@ def test_token_budget_per_gather() -> None:
     assert adm.group_reason(_group("c", 3, tokens=2, seed=3), 0) is None    # 8 more: 28
     adm.begin_gather()
     assert adm.group_reason(_group("b", 2, tokens=5, seed=2), 0) is None
+
+
+def test_allow_list_command_writes_a_file_nodes_accept(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from swarm_node.cli import app
+    from swarm_node.config import NodeConfig
+    from swarm_node.assemble import build_admission
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.tasks.base import PromptSet
+
+    key_file, out = tmp_path / "op.key", tmp_path / "allow.json"
+    result = CliRunner().invoke(app, ["allow-list", "--peer", "QmA", "--peer", "QmB", "--swarm-id", SALT,
+                                      "--key-file", str(key_file), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cfg = NodeConfig.load(None, [f'swarm.swarm_id="{SALT}"', f'swarm.allowed_peers_file="{out}"',
+                                 f'swarm.prompt_set_owner="{public_key_text(load_or_create_key(key_file))}"'])
+    adm = build_admission(cfg, PromptSet(id="ps-1", answer_kind="number", problems=()))
+    assert adm.peer_reason("QmA") is None and adm.peer_reason("QmC") == NOT_ALLOWED

@@ -1,0 +1,251 @@
+"""Red team: a hostile peer process (redteam_attacker.py, written against the wire and the DHT) attacks
+a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F-TIS (DESIGN.md
+section 8, the attacks of issue 11).
+
+For each attack, in the same swarm: two rounds of honest steps without the attack (the baseline),
+the attack, three rounds under attack. Asserted for both honest nodes: no crash, every metric
+finite, step time (median) within 1.5x of the baseline, the expected drop reason counted, and the
+other honest node's groups used in most steps. Set REDTEAM_REPORT=<path> to write the
+measurements as JSON lines (the table of the issue's closing note).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_node.assemble import build_parts, start_transport
+from swarm_node.config import NodeConfig
+from swarm_node.node import Node
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+SWARM = "redteam"
+G, MAX_TOKENS, PROMPTS = 4, 32, 2
+REPO = Path(__file__).resolve().parents[2]
+BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 3
+MAX_SLOWDOWN = 1.5
+
+
+def node_config(tmp: Path, name: str, variant: str, peers: list[str]) -> NodeConfig:
+    return NodeConfig.load(None, [
+        f'node_dir="{tmp / name}"', 'model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp / "cache"}"',
+        'model.device="cpu"', f"generation.group_size={G}", f"generation.max_new_tokens={MAX_TOKENS}",
+        f"train.prompts_per_step={PROMPTS}", "train.learning_rate=1e-3", "train.total_steps=1000",
+        f'objective.variant="{variant}"', f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
+        f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.5", "swarm.max_peer_groups_per_step=4",
+        "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
+        "swarm.staleness_steps=2", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
+        "task.size=50", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false"])
+
+
+class Attacker:
+    """The attacker process: one JSON command per line in, one JSON result per line out."""
+
+    def __init__(self, initial_peers: list[str]) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        args = [sys.executable, "-m", "tests.integration.redteam_attacker"]
+        for p in initial_peers:
+            args += ["--initial-peer", p]
+        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self._answer(90.0).get("ready"), "attacker did not start"
+
+    def _answer(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            raise AssertionError(f"the attacker process gave no answer within {timeout:.0f}s (exit {self.proc.poll()})")
+        return json.loads(line)
+
+    def attack(self, name: str, ctx: dict) -> dict:
+        self.proc.stdin.write(json.dumps({"op": "attack", "name": name, "ctx": ctx}) + "\n")
+        self.proc.stdin.flush()
+        return self._answer(120.0)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Honest:
+    """An honest node with what the suite observes: per-step metrics, step errors, samples used."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.samples: list = []
+        original = node.parts.trainer.step
+        node.parts.trainer.step = lambda samples: (self.samples.append(list(samples)), original(samples))[1]
+
+    @property
+    def peer_id(self) -> str:
+        return self.node.parts.peer_id
+
+    def step(self) -> dict:
+        self.samples.append(None)  # replaced by the trainer hook when the step trains
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            metrics, error = self.node.run_step(), None
+        except Exception as e:  # a crash is an outcome the suite reports, not a harness failure
+            metrics, error = {}, f"{type(e).__name__}: {e}"
+        cpu = time.process_time() - cpu0
+        samples = self.samples.pop() if self.samples and self.samples[-1] is not None else []
+        if self.samples and self.samples[-1] is None:
+            self.samples.pop()
+        return {"seconds": time.perf_counter() - t0, "cpu": cpu, "metrics": metrics, "error": error, "samples": samples}
+
+
+def _text_tokens(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)[:MAX_TOKENS]
+
+
+def _context(node: Node, honest_peers: list[str]) -> dict:
+    ps, tok = node.parts.prompt_set, node.parts.policy.tokenizer
+    hedged = {}
+    for p in ps.problems:
+        g, w = p.answer, str(int(p.answer) + 1) if p.answer.lstrip("-").isdigit() else p.answer + "1"
+        hedged[str(p.index)] = [_text_tokens(tok, t) for t in (
+            f"\\boxed{{{g} \\text{{(or {w})}}}}", f"\\boxed{{{w}}} \\boxed{{{g}}}", f"\\boxed{{{w} = {g}}}", f"{g}")]
+    bombs = [_text_tokens(tok, t) for t in ("\\boxed{99!!}", "\\boxed{9^{9^9}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{99!!!}")]
+    return {"swarm": SWARM, "window_seconds": node.cfg.swarm.window_seconds, "prompt_set_id": ps.id,
+            "set_size": len(ps), "shas": [p.sha256 for p in ps.problems], "prompts_per_step": PROMPTS,
+            "group_size": G, "max_new_tokens": MAX_TOKENS, "vocab": len(tok), "fingerprint": node.parts.policy.fingerprint,
+            "texts": {"bombs": bombs, "hedged": hedged}, "honest_peers": honest_peers, "easy_index": 0,
+            "groups_per_identity": 4}
+
+
+@pytest.fixture(scope="module")
+def redteam(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("redteam")
+    boot = start_transport(node_config(tmp, "bootstrap", "f-tis", []).swarm, tmp / "bootstrap")
+    peers = list(boot.visible_maddrs)
+    nodes, attacker = [], None
+    try:
+        for name, variant in (("vis", "vis"), ("ftis", "f-tis")):
+            cfg = node_config(tmp, name, variant, peers)
+            transport = start_transport(cfg.swarm, cfg.node_dir)
+            parts, start = build_parts(cfg, transport=transport)
+            parts.close_hooks.append(transport.shutdown)
+            nodes.append(Honest(Node(parts, start_step=start)))
+        attacker = Attacker(peers)
+        for _ in range(3):  # warm up (first forward passes, the honest nodes' records of each other)
+            for h in nodes:
+                h.step()
+        yield nodes, attacker, _context(nodes[0].node, [h.peer_id for h in nodes])
+    finally:
+        if attacker is not None:
+            attacker.close()
+        for h in nodes:
+            h.node._shutdown()
+        boot.shutdown()
+
+
+def _rounds(nodes: list[Honest], n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        for h in nodes:
+            out.append({"node": h.peer_id, **h.step()})
+    return out
+
+
+def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[dict], drops_delta: dict,
+             attack: dict) -> dict:
+    others = {h.peer_id: {o.peer_id for o in nodes if o is not h} for h in nodes}
+    honest_used = [bool({s.source for s in r["samples"] if s.is_peer} & others[r["node"]]) for r in during]
+    attacker_ids = set(attack.get("identities", ()))
+    from_attacker = [s for r in during for s in r["samples"] if s.is_peer and s.source in attacker_ids]
+    return {
+        "attack": name,
+        "baseline_step_s": statistics.median(r["seconds"] for r in before),
+        "attack_step_s": statistics.median(r["seconds"] for r in during),
+        "max_attack_step_s": max(r["seconds"] for r in during),
+        "baseline_cpu_s": statistics.median(r["cpu"] for r in before),
+        "attack_cpu_s": statistics.median(r["cpu"] for r in during),
+        "parts_s": {part: [round(statistics.median(r["metrics"].get(f"{part}_seconds", 0.0) for r in rs), 3)
+                           for rs in (before, during)] for part in ("gen", "train")},
+        "errors": [r["error"] for r in before + during if r["error"]],
+        "nonfinite": sorted({k for r in during for k, v in r["metrics"].items()
+                             if isinstance(v, float) and not math.isfinite(v)}),
+        "honest_used_share": sum(honest_used) / len(honest_used),
+        "attacker_samples": len(from_attacker),
+        "attacker_rewards": sorted({s.reward for s in from_attacker}),
+        "drops": drops_delta,
+        "attacker": {k: v for k, v in attack.items() if k != "identities"},
+    }
+
+
+def _drops(nodes: list[Honest]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for h in nodes:
+        for k, v in h.node._drops.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def run_attack(redteam, name: str) -> dict:
+    nodes, attacker, ctx = redteam
+    before = _rounds(nodes, BASELINE_ROUNDS)
+    drops0 = _drops(nodes)
+    attack = attacker.attack(name, ctx)
+    assert "error" not in attack, attack
+    during = _rounds(nodes, ATTACK_ROUNDS)
+    drops1 = _drops(nodes)
+    delta = {k: v - drops0.get(k, 0) for k, v in drops1.items() if v - drops0.get(k, 0)}
+    summary = _summary(name, nodes, before, during, delta, attack)
+    if os.environ.get("REDTEAM_REPORT"):
+        with open(os.environ["REDTEAM_REPORT"], "a") as f:
+            f.write(json.dumps(summary) + "\n")
+    return summary
+
+
+def check_bounded(s: dict, reason: str | None) -> None:
+    assert not s["errors"], s
+    assert not s["nonfinite"], s
+    assert s["attack_step_s"] <= MAX_SLOWDOWN * s["baseline_step_s"], s
+    if reason is not None:
+        assert s["drops"].get(reason, 0) >= 1, s
+    assert s["honest_used_share"] >= 0.5, s
+
+
+# Each attack of issue 11: (name, the drop reason it must be counted under).
+ATTACKS = [
+    ("cherry_picked_prompts", "wrong_prompt"),
+    ("tiny_groups", "group_too_small"),
+    ("oversized_groups", "group_too_large"),
+    ("replay", "duplicate"),
+    ("poisoned_logprobs", "logprob_below_floor"),
+    ("verifier_bomb", None),
+    ("hedged_answers", None),
+    ("sybil_share", None),
+    ("flood", "wrong_prompt"),
+]
+
+
+@pytest.mark.parametrize(("name", "reason"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
+    s = run_attack(redteam, name)
+    check_bounded(s, reason)
+    if name == "replay":
+        assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
+    if name == "hedged_answers":
+        assert s["attacker_rewards"] in ([], [0.0]), s  # no hedged answer earns a reward
+    if name == "sybil_share":
+        assert s["attacker_samples"] <= sum(1 for _ in range(ATTACK_ROUNDS * 2)) * G, s  # at most ~one group a step
+    if name == "flood":
+        a = s["attacker"]
+        assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a
+        nodes, _, _ = redteam
+        statuses = nodes[0].node.parts.exchange.read_statuses(timeout=5)
+        assert all(st.step < 999999 for st in statuses)
