@@ -98,9 +98,12 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     def save(extra: dict) -> None:
         save_checkpoint(node_dir, trainer, cfg, extra)
 
+    from swarm_node.rejects import FILE_NAME, RejectList
+
     parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
                       prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
-                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks)
+                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
+                      rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
     return parts, start_step

@@ -135,6 +135,12 @@ class TaskConfig(_Section):
     limit: int | None = Field(None, ge=1, description="GSM8K/MATH-500: keep only the first N problems (None: all).")
     format_reward: float = Field(0.0, ge=0, le=1, description="Extra reward for a well-formed \\boxed{} answer.")
     reward_timeout_s: float = Field(5.0, gt=0, description="Time bound of one reward computation.")
+    peer_reward_budget_s: float = Field(
+        4.0, gt=0, description="Most time spent computing peers' rewards in one step; groups beyond it are dropped."
+    )
+    peer_reward_budget_per_peer_s: float = Field(
+        1.0, gt=0, description="Most time spent computing one peer's rewards in one step (bounds each verifier call)."
+    )
     system_prompt: str | None = Field(
         None, description="Replaces the default instruction (reason briefly, answer in \\boxed{}) in the user turn."
     )
