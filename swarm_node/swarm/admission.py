@@ -16,8 +16,9 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
 * **Assigned prompts**: a group's prompt must be one `select_prompts` assigns to its sender and
   policy version (horizontal collaboration: to the window of its creation time), among the first
   `prompts_per_step` (`wrong_prompt`); cherry-picked easy prompts are refused.
-* **Replays**: every completion is hashed (prompt index + token bytes); a group at least half of whose
-  completions were already taken from another sender is a replay (`duplicate`).
+* **Replays**: every completion is hashed (its token bytes); a group at least half of whose
+  completions were already taken from another sender, or published by this node, is a replay
+  (`duplicate`), whatever prompt it claims.
 * **Token budget**: peer tokens accepted per gather are capped (`over_token_budget`), so the scoring
   work per step has a fixed bound.
 """
@@ -127,14 +128,9 @@ def fair_sample(candidates: Sequence[C], max_groups: int, max_per_peer: int, rng
 
 
 def completion_digests(group: RolloutGroup) -> list[bytes]:
-    """One digest per completion: the prompt index and the token bytes (not the sender)."""
-    out = []
-    for c in group.completions:
-        h = hashlib.blake2b(digest_size=16)
-        h.update(str(group.prompt.index).encode() + b":")
-        h.update(c.token_ids.astype("<u4", copy=False).tobytes())
-        out.append(h.digest())
-    return out
+    """One digest per completion: its token bytes (not the sender, not the prompt it claims)."""
+    return [hashlib.blake2b(c.token_ids.astype("<u4", copy=False).tobytes(), digest_size=16).digest()
+            for c in group.completions]
 
 
 @dataclass(frozen=True)
@@ -239,6 +235,12 @@ class Admission:
         for d in digests:
             self._completions.setdefault(d, (group.sender, window))
         return None
+
+    def remember_own(self, groups: Iterable[RolloutGroup], window: int) -> None:
+        """This node's own published completions: a peer replaying them is a `duplicate` too."""
+        for group in groups:
+            for d in completion_digests(group):
+                self._completions.setdefault(d, (group.sender, window))
 
     def forget_before(self, oldest_window: int) -> None:
         """Drop memory of windows no longer read (a sender's G is kept while it publishes)."""

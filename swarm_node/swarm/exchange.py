@@ -16,10 +16,8 @@ one reason (see the REASON constants and `protocol.validate` reasons).
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
 `group_filter` hook lets the caller add checks that return a drop reason. An `Admission`
-(admission.py) adds the bounded-influence rules: allow-list, reputation, sampling fair over
-identities, assigned prompts, the sender's declared G, replays across senders, a token budget.
-A gather that drops most of what it looked at, or whose index reads time out, is logged (at most
-once a minute) as degraded exchange.
+(admission.py) adds the bounded-influence rules; a gather that drops far more than it takes is
+logged (at most once a minute) as degraded exchange.
 """
 
 from __future__ import annotations
@@ -152,6 +150,8 @@ class RolloutExchange:
                                       policy_version=group.policy_version, created_at=group.created_at))
             total_bytes += len(data)
             total_tokens += group.num_tokens
+        if self.admission is not None:
+            self.admission.remember_own(groups, window)
         merged = (self._published.get(window, []) + entries)[-MAX_INDEX_ENTRIES:]
         self._published[window] = merged
         # Chunks and the index that lists them go out in one batch (one DHT traversal).

@@ -4,9 +4,16 @@ section 8, the attacks of issue 11).
 
 For each attack, in the same swarm: two rounds of honest steps without the attack (the baseline),
 the attack, three rounds under attack. Asserted for both honest nodes: no crash, every metric
-finite, step time (median) within 1.5x of the baseline, the expected drop reason counted, and the
-other honest node's groups used in most steps. Set REDTEAM_REPORT=<path> to write the
-measurements as JSON lines (the table of the issue's closing note).
+finite, step time within 1.5x of the baseline, the expected drop reason counted, and the other
+honest node's groups used in most steps.
+
+The peer cap leaves room for attackers' groups next to the honest peer's (6 peer groups a step,
+2 own), so the checks are exercised, not just starved. Step time is compared as the median wall
+time of a step divided by the wall time of its own generation (which no peer touches), so that a
+machine whose load changes between the baseline and the attack (this one is shared) does not
+decide the outcome, while a stall (waiting on a verifier, on the network, training on junk) still
+does; raw wall and process-CPU medians are reported too. Set REDTEAM_REPORT=<path> to write the
+measurements as JSON lines (the issue's closing table).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ def node_config(tmp: Path, name: str, variant: str, peers: list[str]) -> NodeCon
         'model.device="cpu"', f"generation.group_size={G}", f"generation.max_new_tokens={MAX_TOKENS}",
         f"train.prompts_per_step={PROMPTS}", "train.learning_rate=1e-3", "train.total_steps=1000",
         f'objective.variant="{variant}"', f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
-        f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.5", "swarm.max_peer_groups_per_step=4",
+        f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.75", "swarm.max_peer_groups_per_step=6",
         "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
         "swarm.staleness_steps=2", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
         "task.size=50", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false"])
@@ -173,6 +180,8 @@ def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[di
         "max_attack_step_s": max(r["seconds"] for r in during),
         "baseline_cpu_s": statistics.median(r["cpu"] for r in before),
         "attack_cpu_s": statistics.median(r["cpu"] for r in during),
+        "baseline_rel_s": statistics.median(_relative(r) for r in before),
+        "attack_rel_s": statistics.median(_relative(r) for r in during),
         "parts_s": {part: [round(statistics.median(r["metrics"].get(f"{part}_seconds", 0.0) for r in rs), 3)
                            for rs in (before, during)] for part in ("gen", "train")},
         "errors": [r["error"] for r in before + during if r["error"]],
@@ -184,6 +193,11 @@ def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[di
         "drops": drops_delta,
         "attacker": {k: v for k, v in attack.items() if k != "identities"},
     }
+
+
+def _relative(r: dict) -> float:
+    """A step's wall time in units of its own generation's wall time (load-normalised)."""
+    return r["seconds"] / max(r["metrics"].get("gen_seconds", 0.0), 1e-3)
 
 
 def _drops(nodes: list[Honest]) -> dict[str, int]:
@@ -213,7 +227,7 @@ def run_attack(redteam, name: str) -> dict:
 def check_bounded(s: dict, reason: str | None) -> None:
     assert not s["errors"], s
     assert not s["nonfinite"], s
-    assert s["attack_step_s"] <= MAX_SLOWDOWN * s["baseline_step_s"], s
+    assert s["attack_rel_s"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
     if reason is not None:
         assert s["drops"].get(reason, 0) >= 1, s
     assert s["honest_used_share"] >= 0.5, s
@@ -226,7 +240,7 @@ ATTACKS = [
     ("oversized_groups", "group_too_large"),
     ("replay", "duplicate"),
     ("poisoned_logprobs", "logprob_below_floor"),
-    ("verifier_bomb", None),
+    ("verifier_bomb", None),  # answers are pre-screened (reward 0, no verifier call), or time out and drop
     ("hedged_answers", None),
     ("sybil_share", None),
     ("flood", "wrong_prompt"),
@@ -241,8 +255,8 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
         assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
     if name == "hedged_answers":
         assert s["attacker_rewards"] in ([], [0.0]), s  # no hedged answer earns a reward
-    if name == "sybil_share":
-        assert s["attacker_samples"] <= sum(1 for _ in range(ATTACK_ROUNDS * 2)) * G, s  # at most ~one group a step
+    if name == "sybil_share":  # 15 fresh identities: at most one of their groups per step
+        assert s["attacker_samples"] <= ATTACK_ROUNDS * len(redteam[0]) * G, s
     if name == "flood":
         a = s["attacker"]
         assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a

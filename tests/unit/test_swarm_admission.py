@@ -167,8 +167,16 @@ def test_replay_under_another_identity_is_a_duplicate() -> None:
     assert adm.group_reason(half, 0) == DUPLICATE
     one = replace(fresh, completions=original.completions[:1] + fresh.completions[1:])
     assert adm.group_reason(one, 0) is None
-    # Reordering does not hide a replay either.
+    # Reordering or claiming another prompt does not hide a replay either.
     assert adm.group_reason(replace(original, sender="eve", completions=original.completions[::-1]), 0) == DUPLICATE
+    assert adm.group_reason(replace(original, sender="eve", prompt=replace(original.prompt, index=9)), 0) == DUPLICATE
+
+
+def test_replay_of_this_nodes_own_groups_is_a_duplicate() -> None:
+    adm = Admission()
+    mine = _group("me", 3, seed=11)
+    adm.remember_own([mine], 0)
+    assert adm.group_reason(replace(mine, sender="mallory"), 0) == DUPLICATE
 
 
 def test_token_budget_per_gather() -> None:
