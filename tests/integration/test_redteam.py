@@ -3,7 +3,7 @@ a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F
 section 8, the attacks of issue 11).
 
 For each attack, in the same swarm: two rounds of honest steps without the attack (the baseline),
-the attack, three rounds under attack. Asserted for both honest nodes: no crash, every metric
+the attack, two rounds under attack. Asserted for both honest nodes: no crash, every metric
 finite, step time within 1.5x of the baseline, the expected drop reason counted, and the other
 honest node's groups used in most steps.
 
@@ -38,15 +38,17 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 SWARM = "redteam"
 G, MAX_TOKENS, PROMPTS = 4, 32, 2
 REPO = Path(__file__).resolve().parents[2]
-BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 3
+BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 2
 MAX_SLOWDOWN = 1.5
 
 
-def node_config(tmp: Path, name: str, variant: str, peers: list[str]) -> NodeConfig:
+def node_config(tmp: Path, name: str, variant: str, peers: list[str], seed: int = 0) -> NodeConfig:
+    # Distinct seeds: two nodes holding the same tiny random model and the same sampling seed would
+    # publish token-identical completions, which the replay rule rightly treats as duplicates.
     return NodeConfig.load(None, [
         f'node_dir="{tmp / name}"', 'model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp / "cache"}"',
         'model.device="cpu"', f"generation.group_size={G}", f"generation.max_new_tokens={MAX_TOKENS}",
-        f"train.prompts_per_step={PROMPTS}", "train.learning_rate=1e-3", "train.total_steps=1000",
+        f"train.prompts_per_step={PROMPTS}", "train.learning_rate=1e-3", "train.total_steps=1000", f"train.seed={seed}",
         f'objective.variant="{variant}"', f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
         f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.75", "swarm.max_peer_groups_per_step=6",
         "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
@@ -140,14 +142,14 @@ def redteam(tmp_path_factory):
     peers = list(boot.visible_maddrs)
     nodes, attacker = [], None
     try:
-        for name, variant in (("vis", "vis"), ("ftis", "f-tis")):
-            cfg = node_config(tmp, name, variant, peers)
+        for seed, (name, variant) in enumerate((("vis", "vis"), ("ftis", "f-tis")), start=1):
+            cfg = node_config(tmp, name, variant, peers, seed)
             transport = start_transport(cfg.swarm, cfg.node_dir)
             parts, start = build_parts(cfg, transport=transport)
             parts.close_hooks.append(transport.shutdown)
             nodes.append(Honest(Node(parts, start_step=start)))
         attacker = Attacker(peers)
-        for _ in range(3):  # warm up (first forward passes, the honest nodes' records of each other)
+        for _ in range(2):  # warm up (first forward passes, the honest nodes' records of each other)
             for h in nodes:
                 h.step()
         yield nodes, attacker, _context(nodes[0].node, [h.peer_id for h in nodes])
@@ -255,8 +257,8 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
         assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
     if name == "hedged_answers":
         assert s["attacker_rewards"] in ([], [0.0]), s  # no hedged answer earns a reward
-    if name == "sybil_share":  # 15 fresh identities: at most one of their groups per step
-        assert s["attacker_samples"] <= ATTACK_ROUNDS * len(redteam[0]) * G, s
+    if name == "sybil_share":  # 15 fresh identities with valid groups only get the room honest peers leave
+        assert s["honest_used_share"] >= 0.75, s
     if name == "flood":
         a = s["attacker"]
         assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a

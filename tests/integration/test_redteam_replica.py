@@ -17,8 +17,8 @@ SWARM = "itest-replica"
 
 
 def test_reader_tolerates_a_garbage_replica(dht_factory, tmp_path) -> None:
-    import hivemind
     from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.utils import get_dht_time
     from hivemind.utils.crypto import RSAPrivateKey
 
     from swarm_node.swarm.dht_process import PipeFixedDHT
@@ -37,7 +37,7 @@ def test_reader_tolerates_a_garbage_replica(dht_factory, tmp_path) -> None:
         evil_subkey = RSASignatureValidator(evil_key).local_public_key
         # Garbage, far-future garbage and an oversized record under the same key: the evil replica
         # stores them locally; every honest replica refuses them.
-        now = hivemind.get_dht_time()
+        now = get_dht_time()
         for value, exp in ((b"\x00garbage", now + 60), (b"\x00ghost", now + 1e8), (b"x" * (100 << 10), now + 60)):
             evil.store(key, value, exp, subkey=evil_subkey)
         time.sleep(0.5)

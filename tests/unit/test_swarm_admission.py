@@ -206,3 +206,16 @@ def test_allow_list_command_writes_a_file_nodes_accept(tmp_path) -> None:
                                  f'swarm.prompt_set_owner="{public_key_text(load_or_create_key(key_file))}"'])
     adm = build_admission(cfg, PromptSet(id="ps-1", answer_kind="number", problems=()))
     assert adm.peer_reason("QmA") is None and adm.peer_reason("QmC") == NOT_ALLOWED
+
+
+def test_degraded_exchange_is_logged_at_most_once_a_minute(caplog) -> None:
+    from swarm_node.swarm.admission import DegradedExchangeLog
+
+    log = DegradedExchangeLog(interval_s=60.0)
+    log.check(taken=4, drops=Counter({"duplicate": 3}))          # a normal gather: silent
+    assert log.warnings == 0
+    with caplog.at_level("WARNING"):
+        log.check(taken=0, drops=Counter({"wrong_prompt": 40, "missing": 9}))
+        log.check(taken=0, drops=Counter({"wrong_prompt": 40}))  # within the minute: not again
+    assert log.warnings == 1
+    assert "peer exchange degraded: took 0 groups, dropped 49 (wrong_prompt 40, missing 9)" in caplog.text
