@@ -33,6 +33,7 @@ from swarm_node.swarm.dht_process import (
     PipeFixedDHT,
     check_initial_peers,
     get_many_in_dht,
+    refusals_in_dht,
     store_many_in_dht,
 )
 from swarm_node.swarm.identity import NodeIdentity
@@ -330,6 +331,11 @@ class HivemindTransport(Transport):
                 out.failed[d] = reason
                 self.drops.add(reason)
         return out
+
+    def dht_refusals(self, timeout: float = 5.0) -> dict[str, int]:
+        """Records this node's DHT process refused so far (store and read), by reason."""
+        self._check_open()
+        return self._call(refusals_in_dht, timeout) or {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -120,6 +120,18 @@ async def get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, t
     return {k: f.result() for k, f in futures.items() if f in done and not f.cancelled() and f.exception() is None}
 
 
+async def refusals_in_dht(_dht: Any, node: Any) -> dict[str, int]:
+    """Runs in the DHT process: records refused so far by reason (validators and storage caps)."""
+    from swarm_node.swarm.validators import CappedStorage
+
+    counts: dict[str, int] = {}
+    sources = [getattr(v, "refusals", None) for v in getattr(node.protocol.record_validator, "_validators", ())]
+    for log in [*sources, CappedStorage.refusals]:
+        for reason, n in (log.counts.items() if log is not None else ()):
+            counts[reason] = counts.get(reason, 0) + n
+    return counts
+
+
 async def store_many_in_dht(_dht: Any, node: Any, keys: list[str], values: list[bytes], expiration: float,
                              subkeys: list[bytes | None], timeout: float) -> dict[Any, bool]:
     """Runs in the DHT process: one traversal storing every (key, subkey, value); {} if out of time."""

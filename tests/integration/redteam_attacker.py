@@ -226,8 +226,10 @@ class Attacker:
                 return g if texts is None else self.group(i, ctx, v, tokens=texts, logprob=-0.5)
             run_with(2, hedged)
         elif name == "replay":
-            honest = [g for w in range(window - 1, window + 1) for g in self.read_groups(ctx, w)]
-            honest = [g for g in honest if g.sender in ctx["honest_peers"]]
+            honest, deadline = [], time.monotonic() + 20
+            while not honest and time.monotonic() < deadline:  # reads can come back empty under load
+                honest = [g for w in range(window - 2, window + 1) for g in self.read_groups(ctx, w)]
+                honest = [g for g in honest if g.sender in ctx["honest_peers"]]
             out["replayed"] = len(honest)
             ident = Identity()
             out["identities"].append(ident.peer_id)

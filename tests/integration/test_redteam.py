@@ -210,16 +210,27 @@ def _drops(nodes: list[Honest]) -> dict[str, int]:
     return total
 
 
+def _dht_refusals(nodes: list[Honest]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for h in nodes:
+        for k, v in h.node.parts.exchange.transport.dht_refusals().items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
+
+
 def run_attack(redteam, name: str) -> dict:
     nodes, attacker, ctx = redteam
     before = _rounds(nodes, BASELINE_ROUNDS)
-    drops0 = _drops(nodes)
+    drops0, refused0 = _drops(nodes), _dht_refusals(nodes)
     attack = attacker.attack(name, ctx)
     assert "error" not in attack, attack
     during = _rounds(nodes, ATTACK_ROUNDS)
-    drops1 = _drops(nodes)
-    delta = {k: v - drops0.get(k, 0) for k, v in drops1.items() if v - drops0.get(k, 0)}
-    summary = _summary(name, nodes, before, during, delta, attack)
+    summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack)
+    summary["dht_refused"] = _delta(_dht_refusals(nodes), refused0)
     if os.environ.get("REDTEAM_REPORT"):
         with open(os.environ["REDTEAM_REPORT"], "a") as f:
             f.write(json.dumps(summary) + "\n")
@@ -245,7 +256,7 @@ ATTACKS = [
     ("verifier_bomb", None),  # answers are pre-screened (reward 0, no verifier call), or time out and drop
     ("hedged_answers", None),
     ("sybil_share", None),
-    ("flood", "wrong_prompt"),
+    ("flood", None),  # refused in the DHT (checked below); what gets through is dropped as wrong_prompt
 ]
 
 
@@ -260,8 +271,12 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
     if name == "sybil_share":  # 15 fresh identities with valid groups only get the room honest peers leave
         assert s["honest_used_share"] >= 0.75, s
     if name == "flood":
-        a = s["attacker"]
+        a, refused = s["attacker"], s["dht_refused"]
         assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a
+        for reason in ("expiration_too_far", "off_schedule", "bad_owned_record"):
+            assert refused.get(reason, 0) >= 1, refused
+        # The 64 KiB index records: refused over the per-key cap or evicted for honest records.
+        assert refused.get("bytes_per_key", 0) + refused.get("evicted_for_smaller", 0) >= 1, refused
         nodes, _, _ = redteam
         statuses = nodes[0].node.parts.exchange.read_statuses(timeout=5)
         assert all(st.step < 999999 for st in statuses)
