@@ -55,11 +55,14 @@ ser = DHTProtocol.serializer
 _SIGNATURE = re.compile(rb"\[signature:.+\]$", re.DOTALL)
 
 
+_KEY_POOL: list[RSAPrivateKey] = []  # keys made before the attacks (RSA key generation is slow)
+
+
 class Identity:
     """One attacker identity: an RSA key, its owner subkey and its libp2p peer id."""
 
     def __init__(self) -> None:
-        self.key = RSAPrivateKey()
+        self.key = _KEY_POOL.pop() if _KEY_POOL else RSAPrivateKey()
         self.signer = RSASignatureValidator(self.key)
         self.subkey = self.signer.local_public_key
         der = self.key.get_public_key()._public_key.public_bytes(
@@ -249,8 +252,9 @@ class Attacker:
 
     def flood(self, ctx: dict, window: int) -> dict:
         """64 identities x ~64 KiB records into the live index keys, plus far-future and foreign-key writes."""
-        now, swarm = get_dht_time(), ctx["swarm"]
         idents = [Identity() for _ in range(64)]
+        now, swarm = get_dht_time(), ctx["swarm"]
+        window = keys.window_of(now, ctx["window_seconds"])  # the live window, after the slow key generation
         items = []
         for w in (window, window + 1):
             for ident in idents:
@@ -290,8 +294,10 @@ class Attacker:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--initial-peer", action="append", required=True)
+    parser.add_argument("--identities", type=int, default=100, help="RSA keys to make before the attacks")
     args = parser.parse_args()
     attacker = Attacker(args.initial_peer)
+    _KEY_POOL.extend(RSAPrivateKey() for _ in range(args.identities))
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
