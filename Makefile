@@ -29,7 +29,7 @@ test-vllm: env-vllm
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(ARGS)
 
 bench: env
-	for b in wire objective swarm generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -55,7 +55,7 @@ from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_di
 logger = logging.getLogger(__name__)
 
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
-_INDEX_KEY_RE = re.compile(r"/rollouts/(\d+)$")
+_INDEX_KEY_RE = re.compile(r"/rollouts/(\d+)(?:/(\d+)\.(\d+))?$")
 OwnedKeySchedule = Callable[[float], Iterable[str]]
 DEFAULT_MAX_TTL_S = 3600.0
 MAX_OWNED_INDEX_ENTRIES = 256  # = exchange.MAX_INDEX_ENTRIES (a writer never lists more)
@@ -139,9 +139,7 @@ class ScheduledKeySchemaValidator(SchemaValidator):
     def validate(self, record: DHTRecord) -> bool:
         now = get_dht_time()
         if now - self._refreshed_at >= 1.0:
-            self._key_id_to_field_name = {
-                DHTID.generate(source=key).to_bytes(): "owned" for key in self._schedule(now)
-            }
+            self._key_id_to_field_name = {key_id(key): "owned" for key in self._schedule(now)}
             self._refreshed_at = now
         if record.key not in self._key_id_to_field_name:
             return True  # not an owned-only key: the schema has nothing to say (allow_extra_keys)
@@ -198,9 +196,9 @@ class OwnedRecordValidator(RecordValidatorBase):
     """Owned records only under the swarm's scheduled keys, holding a bounded message of the key's kind.
 
     * the status key: a `NodeStatus` whose `peer_id` is the subkey's owner;
-    * any other scheduled key (rollout index windows and whatever else the schedule declares): a
-      `RolloutIndex` from the subkey's owner with at most `MAX_OWNED_INDEX_ENTRIES` entries, of the
-      key's own window when the key is a plain window index key;
+    * any other scheduled key (rollout index windows and their shards, whatever else the schedule
+      declares): a `RolloutIndex` from the subkey's owner with at most `MAX_OWNED_INDEX_ENTRIES`
+      entries, of the key's own window, in a shard its owner belongs to (`keys.index_shard`);
     * off the schedule: only a `PromptSetManifest` stored under the manifest key of the prompt set
       it names (self-certifying, like chunks; its signature is checked by the loader).
 
@@ -223,7 +221,7 @@ class OwnedRecordValidator(RecordValidatorBase):
             return True  # a blob: SwarmRecordValidator's
         now = get_dht_time()
         if now - self._refreshed_at >= 1.0:
-            self._raw_keys = {DHTID.generate(source=k).to_bytes(): k for k in self._schedule(now)}
+            self._raw_keys = {key_id(k): k for k in self._schedule(now)}
             self._refreshed_at = now
         ok = self._cache.verdict(record, self._check)
         if not ok:
@@ -251,8 +249,12 @@ class OwnedRecordValidator(RecordValidatorBase):
             return isinstance(message, NodeStatus) and message.peer_id == owner
         if not isinstance(message, RolloutIndex) or message.sender != owner:
             return False
-        window = _INDEX_KEY_RE.search(raw)
-        return window is None or int(window.group(1)) == message.window
+        index_key = _INDEX_KEY_RE.search(raw)  # a window's index, or one shard of it
+        if index_key is None:
+            return True
+        window, level, shard = index_key.groups()
+        return int(window) == message.window and (
+            level is None or keys.index_shard(owner, int(level)) == int(shard))  # the owner's own shard
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False
@@ -333,6 +335,12 @@ class CappedStorage(DHTLocalStorage):
         if size + sum(n for k, (n, _) in held.items() if k != key) > self.max_bytes_per_peer:
             return "bytes_per_peer"
         return None
+
+
+@lru_cache(maxsize=1 << 15)
+def key_id(key: str) -> bytes:
+    """The DHT id of a raw key (cached: a schedule lists thousands of index shard keys every second)."""
+    return DHTID.generate(source=key).to_bytes()
 
 
 @lru_cache(maxsize=4096)

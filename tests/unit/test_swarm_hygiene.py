@@ -173,3 +173,13 @@ def test_a_full_key_makes_room_for_a_smaller_record_not_a_larger_one(storage) ->
     assert not storage.store_subkey(_k("a"), b"[owner:flood3]", b"x" * 500, exp)
     assert b"[owner:honest]" in dict(storage.get(_k("a")).value.items())
     assert storage.refusals.counts["evicted_for_smaller"] >= 1
+
+
+def test_an_index_shard_holds_only_records_of_its_own_peers(key) -> None:
+    v = _validator(key)
+    me, w = _peer(key), _window()
+    mine = keys.index_shard(me, 3)
+    assert v.validate(_owned(v, key, keys.rollout_index_key(SWARM, w, 3, mine), _index(me, w)))
+    other = (mine + 1) % 8
+    assert not v.validate(_owned(v, key, keys.rollout_index_key(SWARM, w, 3, other), _index(me, w)))
+    assert not v.validate(_owned(v, key, keys.rollout_index_key(SWARM, w, 3, mine), _index(me, w - 1)))
