@@ -39,7 +39,8 @@ SWARM = "redteam"
 G, MAX_TOKENS, PROMPTS = 4, 32, 2
 REPO = Path(__file__).resolve().parents[2]
 BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 2
-MAX_SLOWDOWN = 1.5
+MAX_SLOWDOWN = 1.5  # median step time under attack / without
+MAX_STALL = 2.0  # the slowest step under attack / the slowest without
 
 
 def node_config(tmp: Path, name: str, variant: str, peers: list[str], seed: int = 0) -> NodeConfig:
@@ -186,6 +187,8 @@ def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[di
         "attack_cpu_s": statistics.median(r["cpu"] for r in during),
         "baseline_rel_s": statistics.median(_relative(r) for r in before),
         "attack_rel_s": statistics.median(_relative(r) for r in during),
+        "baseline_rel_max": max(_relative(r) for r in before),
+        "attack_rel_max": max(_relative(r) for r in during),
         "parts_s": {part: [round(statistics.median(r["metrics"].get(f"{part}_seconds", 0.0) for r in rs), 3)
                            for rs in (before, during)] for part in ("gen", "train")},
         "errors": [r["error"] for r in before + during if r["error"]],
@@ -246,6 +249,8 @@ def check_bounded(s: dict, reason: str | None) -> None:
     assert not s["errors"], s
     assert not s["nonfinite"], s
     assert s["attack_rel_s"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
+    # No single stalled step either (the verifier bomb made 26 s and 53 s steps).
+    assert s["attack_rel_max"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0), s
     if reason is not None:
         assert s["drops"].get(reason, 0) >= 1, s
     assert s["honest_used_share"] >= 0.5, s
