@@ -83,10 +83,11 @@ async def _raw_store(_dht: Any, node: Any, path: str, timeout: float) -> list[in
         items = pickle.load(f)
     ids = [DHTID.generate(source=k) for k, _, _, _ in items]
     nearest = await node.find_nearest_nodes(set(ids), k_nearest=node.num_replicas, exclude_self=True)
+    known = set(node.protocol.routing_table.uid_to_peer_id.values())  # a flood goes to everyone we know
     batches: list[tuple[Any, list[int]]] = []  # (peer, items) under 1 MiB a request (hivemind's limit is 2 MiB)
     open_batch: dict[Any, tuple[list[int], int]] = {}
     for i, key_id in enumerate(ids):
-        for peer in nearest.get(key_id, {}).values():
+        for peer in set(nearest.get(key_id, {}).values()) | known:
             idx, size = open_batch.get(peer, ([], 0))
             if idx and size + len(items[i][2]) > (1 << 20):
                 batches.append((peer, idx))

@@ -54,7 +54,9 @@ def node_config(tmp: Path, name: str, variant: str, peers: list[str], seed: int 
         f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.75", "swarm.max_peer_groups_per_step=6",
         "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
         "swarm.staleness_steps=2", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
-        "task.size=50", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false"])
+        "task.size=50", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false",
+        # Verification budgets sized to this tiny model's ~1 s step, as an operator sizes them to theirs.
+        "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25"])
 
 
 class Attacker:
