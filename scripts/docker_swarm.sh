@@ -34,7 +34,7 @@ print(json.dumps({"steps": sorted({int(r["step"]) for r in rows}), "checkpoints"
   python3 -c '
 import json, sys
 seen, n = json.loads(sys.argv[1]), int(sys.argv[2])
-assert len(seen["steps"]) == n, f"metrics.jsonl has steps {seen[\"steps\"]}, expected {n}"
+assert seen["steps"] == list(range(1, n + 1)), "metrics.jsonl steps: %s, expected 1..%d" % (seen["steps"], n)
 assert seen["checkpoints"], "no checkpoint on the volume"' "$seen" "$steps" || die "train on a volume: $seen"
   "$DOCKER" volume rm "$vol" >/dev/null
   log "train: $steps steps on volume $vol in $((SECONDS - t0)) s: $seen"
@@ -53,7 +53,7 @@ check_compose() {
     "$pa" "$pb" "$pd" >> "$RUN_DIR/compose.env"
   COMPOSE_UP=1
   local id
-  id=$(compose run --rm --no-build bootstrap-identity 2> "$LOG_DIR/identity.log" | tr -d '\r' | tail -n 1) \
+  id=$(compose run --rm -T bootstrap-identity 2> "$LOG_DIR/identity.log" | tr -d '\r' | tail -n 1) \
     || { cat "$LOG_DIR/identity.log" >&2; die "compose run bootstrap-identity failed"; }
   [[ "$id" =~ ^(Qm|12D3)[1-9A-HJ-NP-Za-km-z]+$ ]] || die "bootstrap-identity printed '$id', not a peer id"
   echo "BOOTSTRAP_PEER_ID=$id" >> "$RUN_DIR/compose.env"
