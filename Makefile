@@ -37,7 +37,7 @@ gpu-resolve:
 	scripts/docker_gpu_resolve.sh
 
 bench: env
-	for b in wire objective swarm generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -88,7 +88,9 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
                                    max_group_size=max(256, cfg.generation.group_size),
                                    record_ttl_s=cfg.swarm.record_ttl_s,
                                    window_seconds=cfg.swarm.window_seconds,
-                                   tokenizer_fingerprint=policy.fingerprint)
+                                   tokenizer_fingerprint=policy.fingerprint,
+                                   index_peers_per_shard=cfg.swarm.index_peers_per_shard,
+                                   index_shards_per_read=cfg.swarm.index_shards_per_read)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
@@ -96,9 +98,12 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     def save(extra: dict) -> None:
         save_checkpoint(node_dir, trainer, cfg, extra)
 
+    from swarm_node.rejects import FILE_NAME, RejectList
+
     parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
                       prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
-                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks)
+                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
+                      rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
     return parts, start_step

@@ -18,12 +18,19 @@
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
-optimizer step but the step still counts. Non-finite losses or gradients raise instead of
-corrupting the weights.
+optimizer step but the step still counts.
+
+Non-finite numerics never reach the weights. The objective clamps every log-ratio, so finite
+inputs give finite losses; should a loss or the gradient norm still be non-finite, the epoch's
+gradient is discarded, the step's peer samples are dropped and the remaining epochs run on own
+samples only (metrics `nonfinite_dropped_samples`, `nonfinite_senders`; the blamed peer samples
+are left in `Trainer.poisoned` for the node to remember). Non-finite numerics from own samples
+alone are a bug of this node and raise FloatingPointError.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +53,21 @@ from swarm_node.objective import (
 from swarm_node.policy.models import Policy
 from swarm_node.policy.scoring import padded_batch, token_logprobs
 from swarm_node.policy.types import TrainSample
+
+
+log = logging.getLogger(__name__)
+
+
+class _NonFinite(Exception):
+    """A non-finite loss (`culprit_indices`: the micro-batch's samples) or gradient norm (None)."""
+
+    def __init__(self, message: str, culprit_indices: list[int] | None) -> None:
+        super().__init__(message)
+        self.culprit_indices = culprit_indices
+        self.culprits: list[TrainSample] | None = None
+        self.epoch = 0
+        self.optimizer_steps = 0
+        self.first: dict[str, float] = {}
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -94,6 +116,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=train_cfg.learning_rate, betas=tuple(train_cfg.betas),
                                            weight_decay=train_cfg.weight_decay)
         self.step_count = 0
+        self.poisoned: list[TrainSample] = []  # peer samples blamed for the last step's non-finite numerics
 
     @property
     def lr(self) -> float:
@@ -101,25 +124,28 @@ class Trainer:
         return self.cfg.learning_rate * lr_factor(self.step_count, self.cfg)
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """One optimisation step on `samples`; returns flat metrics (see module docstring)."""
+        """One optimisation step on `samples`; returns flat metrics (see module docstring).
+
+        `self.poisoned` lists, after the call, the peer samples blamed for a non-finite step."""
         lr = self.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        first = {"loss": 0.0, "grad_norm": 0.0}
-        stats = ObjectiveStats.empty()
-        optimizer_steps = 0
+        self.poisoned = []
+        dropped: list[TrainSample] = []
         model = self.policy.model
         was_training = model.training
-        model.train()
         try:
-            batch = self._prepare(samples)
-            step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
-            for epoch in range(self.cfg.epochs_per_batch if samples else 0):
-                loss, stats = self._accumulate(batch, step_start, first_epoch=epoch == 0)
-                grad_norm, stepped = self._apply(stats)
-                optimizer_steps += int(stepped)
-                if epoch == 0:
-                    first = {"loss": loss, "grad_norm": grad_norm}
+            try:
+                stats, first, optimizer_steps, batch = self._epochs(samples, 0)
+            except _NonFinite as bad:
+                dropped, self.poisoned = self._blame(samples, bad)
+                own = [s for s in samples if not s.is_peer]
+                try:
+                    stats, first, steps_after, batch = self._epochs(own, bad.epoch)
+                except _NonFinite as again:
+                    raise FloatingPointError(f"{again} on own samples only") from None
+                optimizer_steps = bad.optimizer_steps + steps_after
+                first = bad.first if bad.epoch > 0 else first
         finally:
             model.train(was_training)
         self.step_count += 1
@@ -127,8 +153,47 @@ class Trainer:
             **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
             "optimizer_steps": float(optimizer_steps),
             "skipped": float(optimizer_steps == 0),
-            "skipped_samples": float(len(samples) - sum(len(mb) for mb in batch.micro_batches)),
+            "skipped_samples": float(len(samples) - len(dropped) - sum(len(mb) for mb in batch.micro_batches)),
+            "nonfinite_dropped_samples": float(len(dropped)),
+            "nonfinite_senders": float(len({s.source for s in self.poisoned})),
         }
+
+    def _epochs(self, samples: Sequence[TrainSample], start_epoch: int
+                ) -> tuple[ObjectiveStats, dict[str, float], int, _Batch]:
+        """Epochs `start_epoch..epochs_per_batch-1` over `samples`: (last epoch's stats, first
+        epoch's loss and gradient norm, optimizer steps taken, the batch). Raises `_NonFinite`."""
+        first = {"loss": 0.0, "grad_norm": 0.0}
+        stats = ObjectiveStats.empty()
+        optimizer_steps = 0
+        self.policy.model.train()
+        batch = self._prepare(samples)
+        step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
+        for epoch in range(start_epoch, self.cfg.epochs_per_batch if samples else 0):
+            try:
+                loss, stats = self._accumulate(batch, step_start, first_epoch=epoch == start_epoch)
+                grad_norm, stepped = self._apply(stats)
+            except _NonFinite as bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                bad.epoch, bad.optimizer_steps, bad.first = epoch, optimizer_steps, first
+                bad.culprits = [samples[i] for i in bad.culprit_indices] if bad.culprit_indices is not None else None
+                raise
+            optimizer_steps += int(stepped)
+            if epoch == start_epoch:
+                first = {"loss": loss, "grad_norm": grad_norm}
+        return stats, first, optimizer_steps, batch
+
+    def _blame(self, samples: Sequence[TrainSample], bad: _NonFinite) -> tuple[list[TrainSample], list[TrainSample]]:
+        """(peer samples dropped from the step, peer samples blamed) for a non-finite step.
+
+        The micro-batch whose loss was non-finite is to blame; a non-finite gradient norm cannot be
+        traced to a micro-batch, so every peer sample is. Only own samples to blame: our own bug."""
+        peers = [s for s in samples if s.is_peer]
+        blamed = [s for s in (bad.culprits if bad.culprits is not None else peers) if s.is_peer]
+        if not blamed:
+            raise FloatingPointError(str(bad))
+        log.warning("step %d: %s; dropped the step's %d peer samples, blamed senders: %s", self.step_count, bad,
+                    len(peers), ", ".join(sorted({s.source for s in blamed})))
+        return peers, blamed
 
     def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
         device = self.policy.device
@@ -185,7 +250,7 @@ class Trainer:
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {float(loss)} at step {self.step_count}")
+                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}", _culprit_rows(inputs, idx))
             if loss.requires_grad:
                 loss.backward()
             stats.merge(mb_stats)
@@ -197,7 +262,9 @@ class Trainer:
         if float(stats.n_active_tokens) == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return 0.0, False
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, error_if_nonfinite=True)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        if not torch.isfinite(norm):
+            raise _NonFinite(f"non-finite gradient norm {float(norm)} at step {self.step_count}", None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm), True
@@ -212,6 +279,16 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = int(state["step_count"])
+
+
+def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
+    """The samples of a micro-batch with a non-finite loss that hold non-finite inputs at valid
+    positions (all of the micro-batch when none does: the loss cannot then be traced further)."""
+    finite = (torch.isfinite(inputs.generator_logprobs) & torch.isfinite(inputs.trainer_logprobs.detach())
+              & torch.isfinite(inputs.step_start_logprobs)) | ~inputs.mask  # [b, T]
+    bad = (~finite.all(dim=1)).tolist()
+    rows = [i for i, b in zip(idx, bad, strict=True) if b]
+    return rows or list(idx)
 
 
 def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int) -> list[list[int]]:
