@@ -22,6 +22,7 @@ base_image() {
   local tarball="$DOCKER_TEST_CACHE/base/$BASE_SUITE-$key.tar"
   if [ ! -f "$tarball" ]; then
     log "no image registry reachable: making the base image with debootstrap ($BASE_SUITE minbase + python3)"
+    rm -f "$DOCKER_TEST_CACHE/base/"*.tar  # made by an older recipe
     _base_rootfs "$ca" "$tarball"
   fi
   "$DOCKER" import --change 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
