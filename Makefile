@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STEPS ?= 
 ARGS ?=
 
-.PHONY: run test test-slow test-vllm docker-test gpu-resolve bench env env-vllm clean
+.PHONY: run test test-slow test-vllm test-multihost docker-test gpu-resolve bench env env-vllm clean
 
 env:
 	@scripts/setup_env.sh $(VENV) dev
@@ -35,6 +35,10 @@ docker-test:
 
 gpu-resolve:
 	scripts/docker_gpu_resolve.sh
+
+test-multihost: env  # hosts as network namespaces (root; skips with its reason otherwise), ~10 min
+	tests/multihost/setup.sh
+	$(PY) -m pytest -q -s -m multihost tests/multihost $(ARGS)
 
 bench: env
 	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done

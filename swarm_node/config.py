@@ -62,7 +62,10 @@ class GenerationConfig(_Section):
     group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_p: float = Field(
+        1.0, gt=0, le=1,
+        description="Nucleus sampling mass; only 1 is supported (logprobs are the full tempered distribution's).",
+    )
     batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB.")
@@ -74,6 +77,17 @@ class GenerationConfig(_Section):
             "which is faster where they are slow, e.g. vLLM on CPU)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_top_p(self) -> GenerationConfig:
+        if self.top_p != 1.0:
+            # Importance weights need one logprob definition on every node: the full tempered
+            # distribution, which the trainer scores. Under a nucleus, vLLM reports renormalised
+            # logprobs and HF the untruncated ones, so mixed swarms would compare different things.
+            raise ValueError(f"generation.top_p={self.top_p} is not supported: set generation.top_p=1 "
+                             "(importance weights need the full tempered distribution's logprobs; "
+                             "use generation.temperature to control diversity)")
+        return self
 
 
 class ObjectiveConfig(_Section):

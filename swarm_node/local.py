@@ -126,7 +126,7 @@ def status_table(procs: list[NodeProc], steps: int, title: str | None = None) ->
         m = _last_metrics(p.node_dir)
         rc = p.proc.poll()
         state = "running" if rc is None else ("done" if rc == 0 else f"exit {rc}")
-        dropped = sum(v for k, v in m.items() if k.startswith("dropped_"))
+        dropped = sum(v for k, v in m.items() if k.startswith("total_dropped_"))
         table.add_row(
             p.name, f"{p.model}{' +LoRA' if p.lora else ''}", f"{int(m.get('step', 0))}",
             f"{m.get('reward_mean', 0):.2f}", f"{m.get('accuracy', 0):.2f}", f"{int(m.get('own_samples', 0))}",

@@ -23,6 +23,7 @@ from typing import Any
 
 from swarm_node import rollouts
 from swarm_node.config import NodeConfig
+from swarm_node.health import HealthTracker
 from swarm_node.policy.types import Generator, TrainSample
 from swarm_node.tasks import select_prompts
 from swarm_node.tasks.base import PromptSet, RewardFn
@@ -60,6 +61,7 @@ class Node:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gather")
         self._rng = random.Random(f"{parts.peer_id}:{self.cfg.train.seed}")
         self._drops: Counter[str] = Counter()  # cumulative drops of peer data, by reason
+        self.health = HealthTracker(parts.exchange.transport if parts.exchange is not None else None)
         self._last_checkpoint_step = start_step
         self._last_republish = time.monotonic()
         self.history: list[dict[str, float]] = []
@@ -113,18 +115,20 @@ class Node:
         gen_seconds = time.perf_counter() - t_gen
         own = rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
         bytes_per_token = 0.0
+        t_pub = time.perf_counter()
         if parts.exchange is not None:
             groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step)
             bytes_per_token = parts.exchange.publish_groups(groups, window)
             self._republish_if_due(window)
-
+        t_gather = time.perf_counter()
         peer, step_drops = self._finish_gather(gathering, own, problems)
-        self._drops.update(step_drops)
+        gather_seconds = time.perf_counter() - t_gather
         samples = own.samples + peer.samples
 
         t_train = time.perf_counter()
         train_metrics = parts.trainer.step(samples)
-        self._drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
+        step_drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
+        self._drops.update(step_drops)
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
         self.step += 1
@@ -145,7 +149,8 @@ class Node:
             "step_seconds": time.perf_counter() - t0,
             "bytes_per_token": float(bytes_per_token or 0.0),
             "peer_reward_seconds": peer.verify_seconds,
-            **{f"dropped_{reason}": float(n) for reason, n in self._drops.items()},
+            **self.health.step_metrics(step_drops, publish_seconds=t_gather - t_pub,
+                                       gather_seconds=gather_seconds, peer_groups=peer.groups),
         }
         self.history.append(metrics)
         for sink in parts.sinks:

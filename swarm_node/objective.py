@@ -182,7 +182,8 @@ class ObjectiveStats:
 
     All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
     kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
-    of scored samples (a trainer leaves samples without gradient unscored: `unscored_stats`);
+    of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
+    these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
     the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
     off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C).
     """

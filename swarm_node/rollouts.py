@@ -176,6 +176,9 @@ def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
 def peer_verifier(parts: Any) -> PeerVerifier:
     """A fresh verification budget for one gather (`task.peer_reward_budget_s`, `..._per_peer_s`)."""
     task = parts.config.task
+    start = getattr(parts.reward_fn, "start_peer_worker", None)
+    if start is not None:
+        start()  # a no-op once running; else its startup overlaps the fetch instead of the budget
     return PeerVerifier(parts.reward_fn, task.peer_reward_budget_s, task.peer_reward_budget_per_peer_s)
 
 
@@ -185,12 +188,13 @@ def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, ste
     peer work, run off the step thread (the node submits it at the start of the step, so it
     overlaps generation). `own_groups` sets the peer cap (`peer_group_cap`)."""
     sw = parts.config.swarm
+    verifier = peer_verifier(parts)
     groups, fetch_drops = parts.exchange.fetch_groups(
         current_window=window, staleness_windows=sw.staleness_steps, max_groups=sw.max_peer_groups_per_step,
         max_per_peer=sw.max_groups_per_peer, timeout=sw.fetch_timeout_s, rng=random.Random(seed))
     drops: Counter[str] = Counter(fetch_drops)
     max_groups = peer_group_cap(own_groups, sw.max_peer_fraction, sw.max_peer_groups_per_step)
-    return peer_samples(parts, groups, max_groups, drops, step), drops
+    return peer_samples(parts, groups, max_groups, drops, step, verifier), drops
 
 
 def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],

@@ -12,9 +12,13 @@
      micro-batch, so the scorer runs that prompt once) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step.
-     `step_start_logprobs` (pi_theta_old, read by the KL filter and the PPO ratio) are the
-     first epoch's trainer logprobs, detached: the weights have not moved yet at that point, so no
-     separate no-grad pass is needed;
+     `step_start_logprobs` (pi_theta_old, read by the KL filter, the importance weight and the PPO
+     ratio) are the first epoch's trainer logprobs, detached: the weights have not moved yet at
+     that point, so no separate no-grad pass is needed. Scoring runs in eval mode (dropout off),
+     so weights and KL are those of the policy; a model with dropout (e.g. `lora.dropout > 0`)
+     keeps it for the gradient pass and gets pi_theta_old from an extra no-grad eval pass;
+     peer samples left out in step 2 get a no-grad pass too (`_diagnose`), so the KL and weight
+     statistics cover every peer sample;
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
@@ -117,6 +121,7 @@ class Trainer:
                                            weight_decay=train_cfg.weight_decay)
         self.step_count = 0
         self.poisoned: list[TrainSample] = []  # peer samples blamed for the last step's non-finite numerics
+        self.dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in policy.model.modules())
 
     @property
     def lr(self) -> float:
@@ -165,7 +170,7 @@ class Trainer:
         first = {"loss": 0.0, "grad_norm": 0.0}
         stats = ObjectiveStats.empty()
         optimizer_steps = 0
-        self.policy.model.train()
+        self.policy.model.train(self.dropout)  # eval mode unless dropout is configured (see _accumulate)
         batch = self._prepare(samples)
         step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
         for epoch in range(start_epoch, self.cfg.epochs_per_batch if samples else 0):
@@ -211,8 +216,12 @@ class Trainer:
         is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
         carries = carries_gradient(advantages, is_peer, ocfg).tolist()
         scored = [i for i in range(len(samples)) if carries[i] and len(samples[i].completion_ids) > 0]
-        left_out = torch.tensor(sorted(set(range(len(samples))) - set(scored)), dtype=torch.long, device=device)
-        return _Batch(
+        # Peer samples without gradient still get a no-grad pass, for the KL and weight statistics.
+        diagnosed = [i for i in range(len(samples)) if samples[i].is_peer and i not in set(scored)
+                     and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
+        rest = sorted(set(range(len(samples))) - set(scored) - set(diagnosed))
+        left_out = torch.tensor(rest, dtype=torch.long, device=device)
+        batch = _Batch(
             prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
             completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
             generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
@@ -223,6 +232,33 @@ class Trainer:
             micro_batches=_micro_batches(samples, scored, self.cfg.micro_batch_size),
             unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
         )
+        batch.unscored.merge(self._diagnose(batch, _micro_batches(samples, diagnosed, self.cfg.micro_batch_size)))
+        return batch
+
+    @torch.no_grad()
+    def _diagnose(self, batch: _Batch, micro_batches: list[list[int]]) -> ObjectiveStats:
+        """Statistics (KL, importance weights, filters) of samples that carry no gradient, from a
+        no-grad pass in eval mode at the step's starting weights, so that the KL distribution users
+        read to choose g covers every peer sample, not only those with a positive advantage."""
+        stats = ObjectiveStats.empty()
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            for idx in micro_batches:
+                logprobs, mask = padded_batch(token_logprobs(model, [batch.prompts[i] for i in idx],
+                                                             [batch.completions[i] for i in idx], self.temperature,
+                                                             len(idx)))
+                index = torch.tensor(idx, device=logprobs.device)
+                inputs = ObjectiveInputs(
+                    trainer_logprobs=logprobs, step_start_logprobs=logprobs,
+                    generator_logprobs=padded_batch([batch.generator_logprobs[i] for i in idx])[0], mask=mask,
+                    advantages=batch.advantages[index], is_peer=batch.is_peer[index],
+                    sample_weights=batch.weights[index])
+                stats.merge(objective_loss(inputs, self.objective_cfg)[1])
+        finally:
+            model.train(was_training)
+        return stats
 
     def _accumulate(self, batch: _Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
         """Forward + backward over every micro-batch; gradients accumulate in `.grad`.
@@ -235,7 +271,8 @@ class Trainer:
             scored = token_logprobs(self.policy.model, [batch.prompts[i] for i in idx],
                                     [batch.completions[i] for i in idx], self.temperature, len(idx))
             if first_epoch:
-                for i, lp in zip(idx, scored, strict=True):
+                reference = self._reference_logprobs(batch, idx) if self.dropout else scored
+                for i, lp in zip(idx, reference, strict=True):
                     step_start[i] = lp.detach()
             trainer_lp, mask = padded_batch(scored)  # [b, T], [b, T]
             index = torch.tensor(idx, device=trainer_lp.device)
@@ -250,12 +287,25 @@ class Trainer:
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
-                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}", _culprit_rows(inputs, idx))
+                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}",
+                                 _culprit_rows(inputs, idx))
             if loss.requires_grad:
                 loss.backward()
             stats.merge(mb_stats)
             total += float(loss.detach())
         return total, stats
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: _Batch, idx: list[int]) -> list[Tensor]:
+        """pi_theta_old for a model with dropout: a no-grad pass in eval mode, so importance weights
+        and the KL are read from the policy itself, not from one dropout sample of it."""
+        model = self.policy.model
+        model.eval()
+        try:
+            return token_logprobs(model, [batch.prompts[i] for i in idx], [batch.completions[i] for i in idx],
+                                  self.temperature, len(idx))
+        finally:
+            model.train()
 
     def _apply(self, stats: ObjectiveStats) -> tuple[float, bool]:
         """Clip and step; skipped (returns (0, False)) when no token carried gradient."""

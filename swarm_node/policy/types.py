@@ -17,7 +17,7 @@ class GeneratedCompletion:
 
     token_ids: int64 [T], the sampled tokens (stop token included when finish_reason == "stop").
     logprobs:  float32 [T], log pi_gen(token_t | prompt, tokens_<t) under the sampling
-               distribution actually used (temperature applied; top_p = 1 keeps it exact).
+               distribution actually used (temperature applied; top_p < 1 is refused).
     """
 
     token_ids: np.ndarray

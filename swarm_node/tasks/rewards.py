@@ -137,6 +137,11 @@ class CorrectnessReward:
             self._counts[key] += 1
         return Score(correct=correct, formatted=formatted, source=source, method=method, reward=reward)
 
+    def start_peer_worker(self) -> None:
+        """Launch the peers' worker in the background (a node that exchanges calls this at start),
+        so the first peer verification is not charged the worker's startup."""
+        self._runner_for(True).launch()
+
     def _runner_for(self, peer: bool) -> BoundedRunner:
         if not peer:
             return self.runner

@@ -15,7 +15,8 @@ known to be slow, and `PeerVerifier` bounds the rest:
 
 Time is charged as measured, so the budget can be overrun by at most one call's bound plus the
 start of a fresh verifier worker (after a timeout killed the last one, about a second); from
-then on the gather's later groups are dropped.
+then on the gather's later groups are dropped. The peers' worker is launched when the first
+gather begins (`CorrectnessReward.start_peer_worker`), so its first startup overlaps the fetch.
 
 `PeerVerifier.group_rewards` is the one entry point; the exchange side may call it on any thread
 (one verifier per gather; it is not shared between threads).

@@ -121,8 +121,11 @@ def test_prescreened_answers_never_reach_the_verifier(runner: BoundedRunner) -> 
 def test_peer_answers_use_their_own_worker() -> None:
     reward = CorrectnessReward("math", timeout_s=5.0)
     try:
+        reward.start_peer_worker()  # launched in the background, not waited for
+        reward.start_peer_worker()  # idempotent
+        assert reward._peer_runner is not None and reward._peer_runner.starts == 1
         assert reward.score("\\boxed{\\frac{2}{4}}", problem("\\frac{1}{2}"), peer=True).reward == 1.0
-        assert reward._peer_runner is not None and reward._peer_runner is not reward.runner
+        assert reward._peer_runner is not reward.runner and reward._peer_runner.starts == 1
         assert reward.runner.starts == 0  # own worker untouched by peers' answers
     finally:
         reward.close()
