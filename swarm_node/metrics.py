@@ -244,9 +244,6 @@ def latest_run(records: list[dict[str, float]]) -> list[dict[str, float]]:
     return kept
 
 
-SUPERSEDED_SUFFIX = ".superseded"
-
-
 def supersede_after(path: Path | str, step: int) -> int:
     """A node resuming at `step`: move the rows of later steps (from a run whose weights were lost)
     to `<name>.superseded.jsonl` next to the log, so the log holds one row per step. Both files are
@@ -267,7 +264,7 @@ def supersede_after(path: Path | str, step: int) -> int:
         (moved if later else keep).append(ln)
     if not moved:
         return 0
-    old = path.with_name(path.stem + SUPERSEDED_SUFFIX + path.suffix)
+    old = path.with_name(path.stem + ".superseded" + path.suffix)
     previous = old.read_text(encoding="utf-8") if old.exists() else ""
     atomic_write_text(old, previous + "".join(ln + "\n" for ln in moved))
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
