@@ -41,9 +41,10 @@ Examples:
 class App(typer.Typer):
     """A typer app whose commands all run under `errors.run_cli`."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, argv: list[str] | None = None) -> Any:
+        """Run with `argv` (default: sys.argv[1:]); always ends in sys.exit with the command's code."""
         command = typer.main.get_command(self)
-        run_cli(lambda argv: command.main(args=argv, prog_name="swarm-node", standalone_mode=False))
+        run_cli(lambda args: command.main(args=args, prog_name="swarm-node", standalone_mode=False), argv)
 
 
 app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, epilog=EXAMPLES,

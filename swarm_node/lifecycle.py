@@ -54,6 +54,7 @@ class _State:
     received: int | None = None
     on_stop: Callable[[int], None] | None = None
     fork_hook = False
+    backstop_cancel: threading.Event | None = None
 
 
 def _handle(signum: int, _frame: Any) -> None:
@@ -73,8 +74,11 @@ def _exit_later(signum: int) -> None:
     """A backstop for `Interrupted` swallowed by library code (an event loop's callback handler):
     if the process is still alive `STOP_GRACE_S` later, it exits with 128 + signal."""
 
+    cancel = _State.backstop_cancel = threading.Event()
+
     def backstop() -> None:
-        threading.Event().wait(STOP_GRACE_S)
+        if cancel.wait(STOP_GRACE_S):
+            return
         print(f"swarm-node: stopped by {signal.Signals(signum).name} (startup did not unwind within "
               f"{STOP_GRACE_S:.0f}s)", file=sys.stderr, flush=True)
         os._exit(exit_code_for(signum))
@@ -114,9 +118,12 @@ def received_signal() -> int | None:
 
 
 def reset() -> None:
-    """Forget received signals and callbacks (tests run several commands in one process)."""
+    """Forget received signals, callbacks and a pending backstop (tests run several commands in one process)."""
     _State.received = None
     _State.on_stop = None
+    if _State.backstop_cancel is not None:
+        _State.backstop_cancel.set()
+        _State.backstop_cancel = None
 
 
 def signal_name(signum: int) -> str:

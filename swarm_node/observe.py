@@ -37,13 +37,16 @@ class SwarmStatusSource:
         return list(self.exchange.read_statuses(timeout=self.timeout))
 
 
-def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path | None = None) -> tuple[Any, Any]:
-    """A client-mode DHT peer plus an exchange to read status records. Returns (transport, exchange)."""
+def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path | None = None,
+                     timeout: float = 60.0) -> tuple[Any, Any]:
+    """A client-mode DHT peer plus an exchange to read status records. Returns (transport, exchange).
+    Joining waits at most `timeout` seconds (one attempt): an observer should answer quickly."""
     from swarm_node.assemble import start_transport
     from swarm_node.swarm.exchange import RolloutExchange
 
     node_dir = node_dir or Path(tempfile.mkdtemp(prefix="swarm-node-observer-"))
-    cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True)
+    cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True,
+                      startup_timeout_s=timeout, start_attempts=1)
     transport = start_transport(cfg, node_dir)
     return transport, RolloutExchange(transport, swarm_id, vocab_size=1)  # reads status records only
 
@@ -85,7 +88,7 @@ def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
 
 def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, watch: bool,
                interval: float, timeout: float) -> None:
-    transport, exchange = connect_observer(initial_peers, swarm_id)
+    transport, exchange = connect_observer(initial_peers, swarm_id, timeout=timeout)
     console = Console()
     try:
         if as_json and not watch:

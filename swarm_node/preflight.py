@@ -59,6 +59,9 @@ def check_node_dir(node_dir: Path) -> None:
     except OSError as e:
         raise InputError(f"cannot create node directory {node_dir}: {e.strerror or e}",
                          "pass a directory you can write with --node-dir") from e
+    if (node_dir / "checkpoints").exists() and not (node_dir / "checkpoints").is_dir():
+        raise InputError(f"{node_dir / 'checkpoints'} is a file: checkpoints cannot be written",
+                         "move it away, or pass another --node-dir")
     for path in (node_dir, node_dir / "checkpoints"):
         if path.is_dir() and not _writable(path):
             raise InputError(f"{path} is not writable", f"fix its permissions (chmod -R u+w {path}) "
@@ -182,6 +185,8 @@ def expected_model_id(name: str) -> str:
 
 def check_checkpoint_model(node_dir: Path, cfg: NodeConfig) -> None:
     """The node directory's checkpoints must be of this model (id and LoRA/full) to resume."""
+    if not (node_dir / "checkpoints").is_dir():
+        return
     from swarm_node.policy.checkpoint import list_checkpoints
 
     found = list_checkpoints(node_dir)

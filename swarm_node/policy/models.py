@@ -154,7 +154,7 @@ def _hub_or_local(cfg: ModelConfig) -> tuple[Path, str, str | None]:
     except Exception as e:  # noqa: BLE001  (hub client errors: not found, gated, offline, no cache)
         from swarm_node.errors import InputError
 
-        reason = " ".join(str(e).split())[:160]
+        reason = " ".join(str(e).split()).split(". ")[0][:160]
         raise InputError(
             f"model.name {cfg.name!r} is not a local directory and could not be fetched from the Hugging Face hub "
             f"({type(e).__name__}: {reason})",
