@@ -96,6 +96,17 @@ def install_signal_handlers() -> None:
     if not _State.fork_hook:
         os.register_at_fork(after_in_child=_default_handlers_in_child)
         _State.fork_hook = True
+        previous_hook = sys.excepthook
+
+        def excepthook(kind: type, value: BaseException, tb: Any) -> None:
+            signum = _State.received
+            if signum is not None and issubclass(kind, KeyboardInterrupt):  # stopped while importing
+                print(f"swarm-node: stopped by {signal_name(signum)}", file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                os._exit(exit_code_for(signum))
+            previous_hook(kind, value, tb)
+
+        sys.excepthook = excepthook
 
 
 def _default_handlers_in_child() -> None:
