@@ -95,7 +95,13 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         close_hooks.append(writer.close)
     if cfg.metrics.prometheus_addr:
         exporter = PrometheusExporter(cfg.metrics.prometheus_addr)
-        exporter.start()
+        try:
+            exporter.start()
+        except OSError as e:  # taken between the preflight check and now
+            from swarm_node.errors import InputError
+
+            raise InputError(f"cannot serve metrics on {cfg.metrics.prometheus_addr} (metrics.prometheus_addr): "
+                             f"{e.strerror or e}", "stop the process using that port or choose another") from e
         sinks.append(exporter.update)
         close_hooks.append(exporter.stop)
 

@@ -203,3 +203,12 @@ def test_interrupt_before_the_work_starts_exits_130(capsys, tmp_path, monkeypatc
     monkeypatch.setattr(assemble, "run_node", interrupted)
     code, _, err = run(capsys, "train", *TINY, "--node-dir", str(tmp_path / "n"))
     assert code == 130 and err[-1] == "swarm-node: stopped by SIGINT"
+
+
+def test_status_against_an_unreachable_peer(capsys):
+    peer = "/ip4/127.0.0.1/tcp/9/p2p/QmZGKCaWuyavctPW61FfXeT86Y4s5jMJ6j13J1BVRP6Rop"  # nothing listens on port 9
+    code, out, err = run(capsys, "status", "-p", peer, "--timeout", "3", "--json")
+    assert code == 1
+    answer = json.loads(out)  # scripts still get JSON on stdout
+    assert answer["exit_code"] == 1 and peer in answer["error"]
+    assert "could not reach any initial peer" in error_line(err) and peer in err[-1]
