@@ -4,7 +4,6 @@ nothing, and read the nodes' status records."""
 from __future__ import annotations
 
 import json
-import signal
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -19,10 +18,12 @@ from swarm_node.config import SwarmConfig
 
 
 def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (installed after the DHT starts, so it is ours)."""
+    """An event set by SIGINT or SIGTERM (through `lifecycle`, so the command exits 130/143)."""
+    from swarm_node import lifecycle
+
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    lifecycle.install_signal_handlers()
+    lifecycle.on_stop(lambda _signum: stop.set())
     return stop
 
 
