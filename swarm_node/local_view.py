@@ -11,13 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 MODEL_WIDTH = 14
-NAME_WIDTH = 12
+NAME_WIDTH = 12  # widths: name 12, model 14, step 6, reward 6, acc 4, peer 4, filt 4, drop 4, tok/s 5, state 8
 
 
 def read_rows(node_dir: Path) -> list[dict[str, float]]:
@@ -57,17 +56,18 @@ def _dropped(m: dict[str, float]) -> int:
 
 def status_table(procs: list[Any], steps: int) -> Table:
     """One row per node, at most 80 columns wide."""
-    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False)
+    # No borders, one space between columns: 10 columns in at most 77 characters.
+    table = Table(box=None, padding=(0, 1, 0, 0), pad_edge=False, show_edge=False, header_style="bold")
     for col in ("node", "model", "step", "reward", "acc", "peer", "filt", "drop", "tok/s", "state"):
         table.add_column(col, justify="left" if col in ("node", "model", "state") else "right", no_wrap=True)
     for p in procs:
         rows = read_rows(p.node_dir)
         m = rows[-1] if rows else {}
-        step = f"{int(m.get('step', 0))}/{steps}" if steps else f"{int(m.get('step', 0))}"
-        table.add_row(p.name[:NAME_WIDTH], short_model(p.model, p.lora), step, f"{m.get('reward_mean', 0):.2f}",
+        table.add_row(p.name[:NAME_WIDTH], short_model(p.model, p.lora), f"{int(m.get('step', 0))}",
+                      f"{m.get('reward_mean', 0):.2f}",
                       f"{m.get('accuracy', 0):.2f}", f"{int(m.get('peer_samples_used', 0))}",
                       f"{int(m.get('filtered_nonpositive_advantage', 0) + m.get('filtered_kl', 0))}",
-                      f"{_dropped(m)}", f"{m.get('tokens_per_s', 0):.0f}", _state(p.proc))
+                      f"{_dropped(m)}", f"{m.get('tokens_per_s', 0):.0f}"[:5], _state(p.proc)[:8])
     return table
 
 
@@ -91,8 +91,13 @@ class LiveView:
         self._live: Live | None = None
         self._printed: dict[str, int] = {}  # node name -> metrics rows already printed
         self._states: dict[str, str] = {}
+        self._first = True
 
     def update(self, procs: list[Any]) -> None:
+        if self._first:
+            self.console.print(f"{len(procs)} nodes, {self.steps} steps each; columns: reward and acc of own "
+                               "samples, peer samples used, filtered, dropped", soft_wrap=True)
+            self._first = False
         if self.tty:
             if self._live is None:
                 self._live = Live(status_table(procs, self.steps), console=self.console, refresh_per_second=1)
