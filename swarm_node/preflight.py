@@ -28,10 +28,11 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 def check_node(cfg: NodeConfig) -> Any:
     """Every check below; returns the loaded prompt set (None when it comes from the swarm)."""
     check_node_dir(Path(cfg.node_dir))
+    if cfg.swarm.enabled:
+        check_initial_peers(cfg.swarm.initial_peers)
     check_model_name(cfg.model.name)
     if cfg.swarm.enabled:
         check_identity(Path(cfg.node_dir))
-        check_initial_peers(cfg.swarm.initial_peers)
         check_listen_maddrs(cfg.swarm.host_maddrs)
     if cfg.metrics.prometheus_addr:
         check_prometheus_addr(cfg.metrics.prometheus_addr)
@@ -77,11 +78,16 @@ def check_identity(node_dir: Path) -> None:
         load_or_create_key(path)  # raises InputError naming the file and the fix
 
 
-def check_initial_peers(peers: Sequence[str]) -> None:
-    from swarm_node.swarm.dht_process import check_initial_peers as parse
+_PEER_SHAPE = re.compile(r"^/.+/p2p/[1-9A-HJ-NP-Za-km-z]+$")  # checked before importing hivemind (seconds)
 
+
+def check_initial_peers(peers: Sequence[str]) -> None:
     for addr in peers:
         try:
+            if not _PEER_SHAPE.match(addr):
+                raise ValueError("no /p2p/<peer id> at the end")
+            from swarm_node.swarm.dht_process import check_initial_peers as parse
+
             parse([addr])
         except ValueError as e:
             raise InputError(f"--initial-peer {addr!r} is not a full multiaddr ending in /p2p/<peer id>",
@@ -136,9 +142,9 @@ def check_prometheus_addr(addr: str) -> None:
 
 def check_model_name(name: str) -> None:
     """A tiny spec, the embedded model, a local model directory, or something shaped like a hub id."""
-    from swarm_node.policy import tiny
+    if name.startswith("tiny-random:"):
+        from swarm_node.policy import tiny
 
-    if tiny.is_tiny_spec(name):
         try:
             tiny.parse_tiny_spec(name)
         except ValueError as e:
