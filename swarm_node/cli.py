@@ -152,6 +152,10 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None,
     """Greedy pass@1 accuracy of a model (model.name) or a checkpoint on a task."""
     _setup_logging(verbose)
     cfg = _load_config(config, set_, [])
+    if checkpoint is not None:
+        from swarm_node.preflight import check_checkpoint_dir
+
+        check_checkpoint_dir(checkpoint)
     from swarm_node.assemble import run_eval
 
     result = run_eval(cfg, checkpoint=checkpoint, limit=limit, batch_size=batch_size,

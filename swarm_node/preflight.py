@@ -210,6 +210,13 @@ def check_checkpoint_model(node_dir: Path, cfg: NodeConfig) -> None:
                              "pass another --node-dir, or the model.name/model.lora the checkpoints were made with")
 
 
+def check_checkpoint_dir(path: Path) -> None:
+    """`eval --checkpoint PATH`: a checkpoint directory (checked before torch is imported)."""
+    if not (path / "weights.safetensors").is_file() or not (path / "config.toml").is_file():
+        raise InputError(f"{path} is not a checkpoint (it needs weights.safetensors and config.toml)",
+                         "pass a directory like NODE_DIR/checkpoints/step-00000012")
+
+
 def node_failure(name: str, log_path: Path) -> RuntimeFailure:
     """A node process of `swarm-node local` failed: its own error line from its log."""
     return RuntimeFailure(f"node {name} failed: {last_error_line(log_path)}", f"full log: {log_path}")
