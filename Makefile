@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STEPS ?= 
 ARGS ?=
 
-.PHONY: run test test-slow test-vllm bench env env-vllm clean
+.PHONY: run test test-slow test-vllm test-multihost bench env env-vllm clean
 
 env:
 	@scripts/setup_env.sh $(VENV) dev
@@ -28,8 +28,12 @@ test-slow: env  # pytest exits 5 when no test is marked slow: that is not a fail
 test-vllm: env-vllm
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(ARGS)
 
+test-multihost: env  # hosts as network namespaces (root; skips with its reason otherwise), ~10 min
+	tests/multihost/setup.sh
+	$(PY) -m pytest -q -s -m multihost tests/multihost $(ARGS)
+
 bench: env
-	for b in wire objective swarm generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

@@ -97,6 +97,8 @@ def _round(exchanges: list[RolloutExchange], round_idx: int, args: argparse.Name
         io_after = _daemon_io_bytes(t)
         return {
             "publish_s": publish_s, "gather_s": gather_s, "groups": len(got), "drops": sum(drops.values()),
+            "index_keys": t.traffic["records_fetched"] - before["records_fetched"],
+            "index_level": ex.index.level,
             "bytes_out": t.traffic["bytes_out"] - before["bytes_out"],
             "bytes_in": t.traffic["bytes_in"] - before["bytes_in"],
             "daemon_io": None if io_before is None or io_after is None else io_after - io_before,
@@ -119,6 +121,8 @@ def _summarise(rows: list[dict], n: int, startup_s: float | None) -> dict:
         "round_overhead_s_mean": round(mean("publish_s") + mean("gather_s"), 4),
         "groups_gathered_mean": round(mean("groups"), 2),
         "drops_total": sum(r["drops"] for r in rows),
+        "index_keys_read_per_gather_max": max(r["index_keys"] for r in rows),
+        "index_levels": sorted({r["index_level"] for r in rows}),
         "payload_bytes_out_per_peer_round": round(mean("bytes_out")),
         "payload_bytes_in_per_peer_round": round(mean("bytes_in")),
         "payload_bytes_in_per_gathered_group": round(mean("bytes_in") / max(1e-9, mean("groups"))),

@@ -2,7 +2,10 @@
 
 Layout (all under the swarm's namespace, so swarms sharing a DHT never collide):
 
-    swarm-node/<swarm_id>/rollouts/<window>          per-window rollout index; one subkey per peer
+    swarm-node/<swarm_id>/rollouts/<window>          per-window rollout index, level 0 (one shard);
+                                                     one subkey per peer
+    swarm-node/<swarm_id>/rollouts/<window>/<L>.<s>  shard s of level L (1 <= L <= MAX_SHARD_LEVEL,
+                                                     0 <= s < 2**L): peers with index_shard(peer, L) == s
     swarm-node/<swarm_id>/chunk/<sha256 hex>         content-addressed payload chunk
     swarm-node/<swarm_id>/status                     node status records; one subkey per peer
     swarm-node/<swarm_id>/prompts/<prompt_set_id>    signed prompt-set manifest
@@ -13,6 +16,7 @@ peer-supplied data (a digest from an index record) can never escape its namespac
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 
@@ -22,6 +26,7 @@ PREFIX = "swarm-node"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 MAX_WINDOW = 2**62
+MAX_SHARD_LEVEL = 10  # at most 2**10 = 1,024 index shards per window
 
 
 def check_name(value: object, what: str = "swarm id") -> str:
@@ -38,11 +43,39 @@ def check_digest(value: object) -> str:
     return value
 
 
-def rollout_index_key(swarm_id: str, window: int) -> str:
-    """Key of the rollout index records of one time window (each peer writes its own subkey)."""
+def rollout_index_key(swarm_id: str, window: int, level: int = 0, shard: int = 0) -> str:
+    """Key of one shard of the rollout index of a time window (each peer writes its own subkey).
+
+    Level `level` splits a window's index into 2**level shards; level 0 is the whole window under
+    one key. A peer writes under shard `index_shard(peer_id, level)` of the level it uses.
+    """
     if not isinstance(window, int) or isinstance(window, bool) or not 0 <= window <= MAX_WINDOW:
         raise ProtocolError(f"bad window {window!r}: expected an int in [0, {MAX_WINDOW}]")
-    return f"{PREFIX}/{check_name(swarm_id)}/rollouts/{window}"
+    _check_shard(level, shard)
+    base = f"{PREFIX}/{check_name(swarm_id)}/rollouts/{window}"
+    return base if level == 0 else f"{base}/{level}.{shard}"
+
+
+def _check_shard(level: object, shard: object) -> None:
+    if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= MAX_SHARD_LEVEL:
+        raise ProtocolError(f"bad index level {level!r}: expected an int in [0, {MAX_SHARD_LEVEL}]")
+    if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard < 2**level:
+        raise ProtocolError(f"bad index shard {shard!r} of level {level}: expected an int in [0, {2**level})")
+
+
+def index_shard(peer_id: str, level: int) -> int:
+    """The shard of level `level` a peer's index records belong in: the low `level` bits of
+    sha256(peer id), so a shard of level L+1 is half of a shard of level L."""
+    _check_shard(level, 0)
+    if not isinstance(peer_id, str):
+        raise ProtocolError(f"bad peer id {peer_id!r}")
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[-4:], "big") % (1 << level)
+
+
+def window_index_keys(swarm_id: str, window: int, max_level: int = MAX_SHARD_LEVEL) -> list[str]:
+    """Every index key of one window: all shards of levels 0..max_level (2**(max_level+1) - 1 keys)."""
+    return [rollout_index_key(swarm_id, window, level, shard)
+            for level in range(max_level + 1) for shard in range(2**level)]
 
 
 def chunk_key(swarm_id: str, digest_hex: str) -> str:

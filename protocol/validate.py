@@ -33,6 +33,8 @@ TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
 LENGTH_MISMATCH = "length_mismatch"
 LOGPROB_NONFINITE = "logprob_nonfinite"
 LOGPROB_POSITIVE = "logprob_positive"
+LOGPROB_BELOW_FLOOR = "logprob_below_floor"
+UNSUPPORTED_TOP_P = "unsupported_top_p"
 BAD_FINISH_REASON = "bad_finish_reason"
 BAD_SAMPLING = "bad_sampling"
 BAD_PROMPT_REF = "bad_prompt_ref"
@@ -54,8 +56,8 @@ WRONG_OWNER = "wrong_owner"
 
 GROUP_REASONS = (
     BAD_VERSION, EMPTY_GROUP, GROUP_TOO_SMALL, GROUP_TOO_LARGE, EMPTY_COMPLETION, TOO_MANY_TOKENS, TOKEN_OUT_OF_VOCAB,
-    LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, BAD_FINISH_REASON, BAD_SAMPLING, BAD_PROMPT_REF,
-    BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
+    LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, LOGPROB_BELOW_FLOOR, BAD_FINISH_REASON, BAD_SAMPLING,
+    UNSUPPORTED_TOP_P, BAD_PROMPT_REF, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
 )
 STATUS_REASONS = (
     BAD_VERSION, BAD_ROLE, BAD_STEP, BAD_TIMESTAMP, TOO_MANY_METRICS, METRIC_KEY_TOO_LONG, METRIC_NONFINITE,
@@ -65,6 +67,13 @@ MANIFEST_REASONS = (
 )
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+
+# The logprob floor. A sampled token's logprob below -50 means the sampler drew an event of
+# probability under e^-50 ~ 2e-22: with vocabularies of 1e5-1e6 tokens and any realistic number of
+# samples that does not happen, so such a value can only be fabricated (or a broken generator). It
+# is also what keeps the receiver's numerics safe: pi_theta/pi_gen stays within reach of the
+# objective's log-ratio clamp (swarm_node.objective.LOG_RATIO_BOUND) instead of overflowing.
+MIN_LOGPROB = -50.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,7 @@ class ValidationLimits:
     max_metrics: int = 256
     max_metric_key_len: int = 64
     expected_owner: bytes | None = None
+    min_logprob: float = MIN_LOGPROB
 
 
 def _add(reasons: list[str], reason: str) -> None:
@@ -113,6 +123,10 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     if not (_finite(s.temperature) and s.temperature > 0 and _finite(s.top_p) and 0 < s.top_p <= 1
             and isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1):
         _add(reasons, BAD_SAMPLING)
+    elif s.top_p != 1.0:
+        # Logprobs are defined as the tempered, untruncated distribution (the quantity the trainer
+        # scores); under top_p < 1 backends disagree on them (vLLM renormalises the nucleus).
+        _add(reasons, UNSUPPORTED_TOP_P)
     n = len(group.completions)
     if n == 0:
         _add(reasons, EMPTY_GROUP)
@@ -124,14 +138,15 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     if isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1:
         max_tokens = min(max_tokens, s.max_new_tokens)
     for c in group.completions:
-        _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits.vocab_size, reasons)
+        _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits, reasons)
     return reasons
 
 
 def _check_completion(
-    token_ids: np.ndarray, logprobs: np.ndarray, finish_reason: str, max_tokens: int, vocab_size: int,
+    token_ids: np.ndarray, logprobs: np.ndarray, finish_reason: str, max_tokens: int, limits: ValidationLimits,
     reasons: list[str],
 ) -> None:
+    vocab_size = limits.vocab_size
     n_tok, n_lp = int(token_ids.shape[0]), int(logprobs.shape[0])
     if n_tok == 0:
         _add(reasons, EMPTY_COMPLETION)
@@ -147,6 +162,8 @@ def _check_completion(
             _add(reasons, LOGPROB_NONFINITE)
         if (logprobs[finite] > 0).any():
             _add(reasons, LOGPROB_POSITIVE)
+        if (logprobs[finite] < limits.min_logprob).any():
+            _add(reasons, LOGPROB_BELOW_FLOOR)
     if finish_reason not in FINISH_REASONS:
         _add(reasons, BAD_FINISH_REASON)
 

@@ -116,7 +116,9 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    max_group_size=max(256, cfg.generation.group_size),
                                    record_ttl_s=cfg.swarm.record_ttl_s,
                                    window_seconds=cfg.swarm.window_seconds,
-                                   tokenizer_fingerprint=policy.fingerprint)
+                                   tokenizer_fingerprint=policy.fingerprint,
+                                   index_peers_per_shard=cfg.swarm.index_peers_per_shard,
+                                   index_shards_per_read=cfg.swarm.index_shards_per_read)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
@@ -124,9 +126,12 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     def save(extra: dict) -> None:
         save_checkpoint(node_dir, trainer, cfg, extra)
 
+    from swarm_node.rejects import FILE_NAME, RejectList
+
     parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
                       prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
-                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks)
+                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
+                      rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
     # Written once the node has started, so a failed start leaves the previous one in place.
@@ -143,9 +148,16 @@ def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
             return
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(transport.visible_maddrs), metrics=status_metrics(metrics)))
+            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics)))
 
     return publish
+
+
+def _usable_maddrs(transport: Any) -> list[str]:
+    """Addresses others can join through (HivemindTransport.usable_maddrs; fakes list theirs as is)."""
+    if hasattr(transport, "usable_maddrs"):
+        return list(transport.usable_maddrs)
+    return list(transport.visible_maddrs)
 
 
 def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -172,9 +184,16 @@ def run_node(cfg: NodeConfig) -> None:
         parts, start_step = build_parts(cfg, prompt_set=prompt_set)
         node = Node(parts, start_step=start_step)
         if parts.exchange is not None:
+            from swarm_node.swarm.addresses import join_hint
+
+            transport = parts.exchange.transport
+            maddrs = _usable_maddrs(transport)
             print("swarm-node: peer id", parts.peer_id, flush=True)
-            for m in parts.exchange.transport.visible_maddrs:
-                print("swarm-node: listening on", m, flush=True)
+            for m in maddrs:
+                print("swarm-node: join through", m, flush=True)
+            hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
+            if hint:
+                print("swarm-node:", hint, flush=True)
         if start_step:
             log.info("resumed from checkpoint at step %d", start_step)
 
@@ -240,7 +259,7 @@ def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, 
         print(f"prompt set id:     {manifest.prompt_set_id}")
         print(f"problems:          {manifest.num_problems}")
         print(f"operator key:      {public_key_text(operator)}")
-        for m in transport.visible_maddrs:
+        for m in _usable_maddrs(transport):
             print(f"seeder listening:  {m}")
         print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
         deadline = time.monotonic() + hold if hold > 0 else float("inf")

@@ -210,6 +210,14 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
             print(json.dumps({"error": typed.line() if typed else f"{type(e).__name__}: {e}",
                               "exit_code": typed.exit_code if typed else 1}), flush=True)
         raise
+    # The client has shut down its DHT process; skip the interpreter's teardown of torch and
+    # hivemind (seconds on a busy machine) so a one-shot `status` returns at once.
+    from swarm_node import lifecycle
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signum = lifecycle.received_signal()
+    os._exit(lifecycle.exit_code_for(signum) if signum else 0)
 
 
 @app.command()
@@ -225,6 +233,31 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
         typer.secho("dashboard needs --initial-peer (the multiaddr of any node of the swarm)", fg="red", err=True)
         raise typer.Exit(2)
     run_dashboard(initial_peer, swarm_id, host=host, port=port, poll_interval=poll_interval)
+
+
+@app.command()
+def bootstrap(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = None,
+              node_dir: Annotated[Path, typer.Option(help="Identity key lives here (created once).")] = Path("./bootstrap"),
+              identity: Annotated[Optional[Path], typer.Option(help="Identity key file (default NODE_DIR/identity.key).")] = None,
+              swarm_id: Annotated[Optional[str], typer.Option(help="Swarm name (swarm.swarm_id).")] = None,
+              host_maddr: Annotated[Optional[list[str]], typer.Option(help="Listen address, e.g. /ip4/0.0.0.0/tcp/31337.")] = None,
+              announce_maddr: Annotated[Optional[list[str]], typer.Option(help="Public address to announce.")] = None,
+              metrics_addr: Annotated[Optional[str], typer.Option(help="host:port for /metrics.")] = None,
+              verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False) -> None:
+    """A DHT-only peer (no model) that nodes join through: persistent identity, /metrics."""
+    from swarm_node.bootstrap import BootstrapExit, run_bootstrap
+
+    extra = [*_peer_overrides(initial_peer), f"node_dir={json.dumps(str(node_dir))}"]
+    extra += [f"swarm.host_maddrs={json.dumps(host_maddr)}"] if host_maddr else []
+    extra += [f"swarm.announce_maddrs={json.dumps(announce_maddr)}"] if announce_maddr else []
+    extra += [f"metrics.prometheus_addr={json.dumps(metrics_addr)}"] if metrics_addr else []
+    extra += [f"swarm.swarm_id={json.dumps(swarm_id)}"] if swarm_id else []
+    _setup_logging(verbose)
+    try:
+        run_bootstrap(_load_config(config, set_, extra), identity_file=identity)
+    except BootstrapExit as e:
+        typer.secho(f"bootstrap: {e}", fg="red", err=True)
+        raise typer.Exit(1) from e
 
 
 @app.command(epilog="Example: swarm-node local --nodes 3 --steps 20 --run-dir runs/demo -s model.name=tiny-random:64x1")

@@ -68,7 +68,10 @@ class GenerationConfig(_Section):
     group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_p: float = Field(
+        1.0, gt=0, le=1,
+        description="Nucleus sampling mass; only 1 is supported (logprobs are the full tempered distribution's).",
+    )
     batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB.")
@@ -80,6 +83,17 @@ class GenerationConfig(_Section):
             "which is faster where they are slow, e.g. vLLM on CPU)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_top_p(self) -> GenerationConfig:
+        if self.top_p != 1.0:
+            # Importance weights need one logprob definition on every node: the full tempered
+            # distribution, which the trainer scores. Under a nucleus, vLLM reports renormalised
+            # logprobs and HF the untruncated ones, so mixed swarms would compare different things.
+            raise ValueError(f"generation.top_p={self.top_p} is not supported: set generation.top_p=1 "
+                             "(importance weights need the full tempered distribution's logprobs; "
+                             "use generation.temperature to control diversity)")
+        return self
 
 
 class ObjectiveConfig(_Section):
@@ -141,6 +155,12 @@ class TaskConfig(_Section):
     limit: int | None = Field(None, ge=1, description="GSM8K/MATH-500: keep only the first N problems (None: all).")
     format_reward: float = Field(0.0, ge=0, le=1, description="Extra reward for a well-formed \\boxed{} answer.")
     reward_timeout_s: float = Field(5.0, gt=0, description="Time bound of one reward computation.")
+    peer_reward_budget_s: float = Field(
+        4.0, gt=0, description="Most time spent computing peers' rewards in one step; groups beyond it are dropped."
+    )
+    peer_reward_budget_per_peer_s: float = Field(
+        1.0, gt=0, description="Most time spent computing one peer's rewards in one step (bounds each verifier call)."
+    )
     system_prompt: str | None = Field(
         None, description="Replaces the default instruction (reason briefly, answer in \\boxed{}) in the user turn."
     )
@@ -174,6 +194,21 @@ class SwarmConfig(_Section):
     staleness_steps: int = Field(4, ge=0, description="Peer groups older than this many windows are dropped.")
     window_seconds: float = Field(30.0, gt=0, description="Length of a DHT time window for index keys.")
     record_ttl_s: float = Field(300.0, gt=0, description="Expiration of published records.")
+    index_peers_per_shard: int = Field(
+        16, ge=1, le=4096,
+        description=(
+            "Sharded rollout index: a window's index gets more shards as the swarm grows, so that one shard "
+            "holds at most about this many peers' records (and at least a quarter of it). Use the same value "
+            "on every node of a swarm."
+        ),
+    )
+    index_shards_per_read: int = Field(
+        1, ge=1, le=64,
+        description=(
+            "Index shards read per window per step (plus one probe of a neighbouring shard level in the "
+            "two newest windows): bounds a node's index reads whatever the swarm size."
+        ),
+    )
     startup_timeout_s: float = Field(60.0, gt=0, description="Longest wait for the DHT process to start.")
     start_attempts: int = Field(
         2, ge=1, le=10, description="DHT start attempts (each up to startup_timeout_s) before giving up with an error."

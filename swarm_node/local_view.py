@@ -50,8 +50,9 @@ def _state(proc: Any) -> str:
     return "running" if rc is None else ("done" if rc == 0 else f"exit {rc}")
 
 
-def _dropped(m: dict[str, float]) -> int:
-    return int(sum(v for k, v in m.items() if k.startswith("dropped_")))
+def _dropped(m: dict[str, float], prefix: str = "total_dropped_") -> int:
+    """Peer data dropped since the node started (`total_dropped_*`), or in the step (`dropped_*`)."""
+    return int(sum(v for k, v in m.items() if k.startswith(prefix)))
 
 
 def status_table(procs: list[Any], steps: int) -> Table:
@@ -77,7 +78,7 @@ def step_line(name: str, m: dict[str, float], steps: int) -> str:
             f"acc {m.get('accuracy', 0):.3f} own {int(m.get('own_samples', 0))} "
             f"peer {int(m.get('peer_samples', 0))} used {int(m.get('peer_samples_used', 0))} "
             f"filtered {int(m.get('filtered_nonpositive_advantage', 0))}/{int(m.get('filtered_kl', 0))} "
-            f"dropped {_dropped(m)} tok/s {m.get('tokens_per_s', 0):.0f} "
+            f"dropped {_dropped(m, 'dropped_')} tok/s {m.get('tokens_per_s', 0):.0f} "
             f"step_s {m.get('step_seconds', 0):.1f}")
 
 

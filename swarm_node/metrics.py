@@ -13,9 +13,13 @@ Counting conventions (all counts are *per step*, never cumulative):
   - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
     sample is counted under the first reason that applies (non-positive advantage, then KL).
   - `filtered_fraction`: all filtered samples / samples.
-  - `dropped_<reason>`: peer data rejected before training (malformed, stale, wrong tokenizer,
-    ...). Reasons are open-ended short identifiers; Prometheus exports them as one labelled
-    counter `swarm_node_dropped_total{reason="..."}`.
+  - `dropped_<reason>`: peer data rejected in this step before training (malformed, stale, wrong
+    tokenizer, ...). Reasons are open-ended short identifiers; Prometheus exports them as one
+    labelled counter `swarm_node_dropped_total{reason="..."}`. The running totals since the node
+    started are `total_dropped_<reason>` (the one exception to the per-step rule, named as such).
+  - network health (health.py): `live_peers`, `routing_table_size`, `alone_steps` are the state at
+    the end of the step; `bytes_sent`, `bytes_received`, `index_read_failures`, `store_failures`
+    count the step's traffic; `publish_seconds`, `gather_seconds` time its network work.
 """
 
 from __future__ import annotations
@@ -61,8 +65,23 @@ BYTES_PER_TOKEN = "bytes_per_token"
 BYTES_SENT = "bytes_sent"
 BYTES_RECEIVED = "bytes_received"
 EVAL_ACCURACY = "eval_accuracy"
+LIVE_PEERS = "live_peers"
+ROUTING_TABLE_SIZE = "routing_table_size"
+ALONE_STEPS = "alone_steps"
+PUBLISH_SECONDS = "publish_seconds"
+GATHER_SECONDS = "gather_seconds"
+INDEX_READ_FAILURES = "index_read_failures"
+STORE_FAILURES = "store_failures"
+STORED_KEYS = "stored_keys"
+ALONE_SECONDS = "alone_seconds"
+REDIALS = "redials"
+UPTIME_SECONDS = "uptime_seconds"
+NONFINITE_DROPPED_SAMPLES = "nonfinite_dropped_samples"
+NONFINITE_SENDERS = "nonfinite_senders"
+PEER_REWARD_SECONDS = "peer_reward_seconds"
 
 DROPPED_PREFIX = "dropped_"
+TOTAL_DROPPED_PREFIX = "total_dropped_"
 FILTERED_PREFIX = "filtered_"
 # The filter reasons the objective reports (each a `filtered_<reason>` count).
 FILTER_REASONS: tuple[str, ...] = ("nonpositive_advantage", "kl")
@@ -84,8 +103,8 @@ METRICS: dict[str, str] = {
     KL_P90: "90th percentile of per-sample KL.",
     KL_P99: "99th percentile of per-sample KL.",
     KL_MAX: "Largest per-sample KL.",
-    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta/pi_gen before truncation.",
-    IS_WEIGHT_MAX: "Largest token importance weight before truncation.",
+    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta_old/pi_gen before truncation (every peer sample).",
+    IS_WEIGHT_MAX: "Largest token importance weight before truncation (finite: log-ratios are clamped).",
     TRUNCATED_FRACTION: "Fraction of tokens whose importance weight was truncated at C.",
     CLIPPED_FRACTION: "Fraction of tokens where the PPO clip was active.",
     ESS: "Effective sample size of the importance weights, normalised to [0, 1].",
@@ -100,6 +119,21 @@ METRICS: dict[str, str] = {
     BYTES_SENT: "Bytes published to the swarm in the step.",
     BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
     EVAL_ACCURACY: "Accuracy on the evaluation set, in steps where an evaluation ran.",
+    LIVE_PEERS: "Peers with a live connection to this node's DHT at the end of the step.",
+    ROUTING_TABLE_SIZE: "Peers in this node's DHT routing table at the end of the step.",
+    ALONE_STEPS: "Consecutive steps ending without a live peer (0 when connected).",
+    PUBLISH_SECONDS: "Seconds spent publishing own groups (chunks and index) in the step.",
+    GATHER_SECONDS: "Seconds the step waited for peers' groups after generation.",
+    INDEX_READ_FAILURES: "DHT reads (index keys, status) that timed out in the step.",
+    STORE_FAILURES: "Records or chunks no peer accepted in time in the step.",
+    # `swarm-node bootstrap` (no steps): its DHT's state every few seconds
+    STORED_KEYS: "DHT keys this peer holds for the swarm.",
+    ALONE_SECONDS: "Seconds since this peer has had no live peer (0 when connected).",
+    REDIALS: "Re-dial rounds run by self-healing membership since start.",
+    UPTIME_SECONDS: "Seconds since this bootstrap started.",
+    NONFINITE_DROPPED_SAMPLES: "Peer samples dropped from the step because its loss or gradient was non-finite.",
+    NONFINITE_SENDERS: "Peers blamed for a non-finite step (their groups stay refused: dropped_rejected_before).",
+    PEER_REWARD_SECONDS: "Seconds spent verifying peers' answers (capped by task.peer_reward_budget_s).",
 }
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -110,6 +144,11 @@ def dropped_name(reason: str) -> str:
     if not _NAME_RE.match(reason):
         raise ValueError(f"drop reason {reason!r} is not a short identifier")
     return DROPPED_PREFIX + reason
+
+
+def total_dropped_name(reason: str) -> str:
+    """The metric name of the running total of drops for `reason` since the node started."""
+    return TOTAL_DROPPED_PREFIX + dropped_name(reason)[len(DROPPED_PREFIX):]
 
 
 def dropped_counts(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -282,8 +321,9 @@ class PrometheusExporter:
     Every documented metric becomes a gauge `swarm_node_<name>` the first time it is set (so
     metrics a node never reports do not show as zeros); undocumented names are exported the same
     way. `dropped_<reason>` values are per-step counts added to the counter
-    `swarm_node_dropped_total{reason="<reason>"}`. Each exporter has its own registry, so several
-    can run in one process (tests, `swarm-node local`).
+    `swarm_node_dropped_total{reason="<reason>"}`, which is the running total, so the
+    `total_dropped_<reason>` entries are not exported again. Each exporter has its own registry,
+    so several can run in one process (tests, `swarm-node local`).
     """
 
     PREFIX = "swarm_node_"
@@ -340,6 +380,8 @@ class PrometheusExporter:
                     if not (math.isfinite(v) and v >= 0):
                         raise ValueError(f"{name} is a per-step count, finite and >= 0; got {v}")
                     self._dropped.labels(reason=reason).inc(v)
+                    continue
+                if name.startswith(TOTAL_DROPPED_PREFIX):  # the counter above already is the total
                     continue
                 gauge = self._gauges.get(name)
                 if gauge is None:

@@ -23,8 +23,9 @@ from typing import Any
 
 from swarm_node import rollouts
 from swarm_node.config import NodeConfig
+from swarm_node.health import HealthTracker
 from swarm_node.policy.types import Generator, TrainSample
-from swarm_node.tasks import render_prompt, select_prompts
+from swarm_node.tasks import select_prompts
 from swarm_node.tasks.base import PromptSet, RewardFn
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class NodeParts:
     sinks: list[Callable[[dict[str, float]], None]] = field(default_factory=list)
     save_checkpoint: Callable[[dict[str, Any]], None] | None = None
     close_hooks: list[Callable[[], None]] = field(default_factory=list)
+    rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
 
 
 class Node:
@@ -59,6 +61,7 @@ class Node:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gather")
         self._rng = random.Random(f"{parts.peer_id}:{self.cfg.train.seed}")
         self._drops: Counter[str] = Counter()  # cumulative drops of peer data, by reason
+        self.health = HealthTracker(parts.exchange.transport if parts.exchange is not None else None)
         self._last_checkpoint_step = start_step
         self._last_republish = time.monotonic()
         self.history: list[dict[str, float]] = []
@@ -106,23 +109,26 @@ class Node:
         gathering = self._start_gather(window)
 
         problems = self._choose_problems(window)
-        prompt_ids = [render_prompt(parts.policy.tokenizer, p.question, cfg.task.system_prompt) for p in problems]
+        prompt_ids = rollouts.render_prompts(parts, problems)
         t_gen = time.perf_counter()
         completions = parts.generator.generate(prompt_ids, cfg.generation.group_size)
         gen_seconds = time.perf_counter() - t_gen
         own = rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
         bytes_per_token = 0.0
+        t_pub = time.perf_counter()
         if parts.exchange is not None:
             groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step)
             bytes_per_token = parts.exchange.publish_groups(groups, window)
             self._republish_if_due(window)
-
+        t_gather = time.perf_counter()
         peer, step_drops = self._finish_gather(gathering, own, problems)
-        self._drops.update(step_drops)
+        gather_seconds = time.perf_counter() - t_gather
         samples = own.samples + peer.samples
 
         t_train = time.perf_counter()
         train_metrics = parts.trainer.step(samples)
+        step_drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
+        self._drops.update(step_drops)
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
         self.step += 1
@@ -142,7 +148,9 @@ class Node:
             "train_seconds": train_seconds,
             "step_seconds": time.perf_counter() - t0,
             "bytes_per_token": float(bytes_per_token or 0.0),
-            **{f"dropped_{reason}": float(n) for reason, n in self._drops.items()},
+            "peer_reward_seconds": peer.verify_seconds,
+            **self.health.step_metrics(step_drops, publish_seconds=t_gather - t_pub,
+                                       gather_seconds=gather_seconds, peer_groups=peer.groups),
         }
         self.history.append(metrics)
         for sink in parts.sinks:
@@ -174,30 +182,17 @@ class Node:
         cfg, exchange = self.cfg, self.parts.exchange
         if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
             return None
-        seed = self._rng.getrandbits(64)
-        return self._pool.submit(
-            exchange.fetch_groups,
-            current_window=window,
-            staleness_windows=cfg.swarm.staleness_steps,
-            max_groups=cfg.swarm.max_peer_groups_per_step,
-            max_per_peer=cfg.swarm.max_groups_per_peer,
-            timeout=cfg.swarm.fetch_timeout_s,
-            rng=random.Random(seed),
-        )
+        own_groups = min(cfg.train.prompts_per_step, len(self.parts.prompt_set))
+        return self._pool.submit(rollouts.gather_peer_samples, self.parts, window, own_groups,
+                                 self._rng.getrandbits(64), self.step)
 
     def _finish_gather(self, gathering: Future | None, own: rollouts.OwnBatch,
                        problems: list) -> tuple[rollouts.PeerBatch, Counter[str]]:
         if gathering is None:
             return rollouts.PeerBatch(), Counter()
-        drops: Counter[str] = Counter()
+        wait = self.cfg.swarm.fetch_timeout_s + self.cfg.task.peer_reward_budget_s + 5.0
         try:
-            groups, fetch_drops = gathering.result(timeout=self.cfg.swarm.fetch_timeout_s + 5.0)
+            return gathering.result(timeout=wait)
         except FutureTimeout:
             gathering.cancel()
-            drops["gather_timeout"] += 1
-            return rollouts.PeerBatch(), drops
-        drops.update(fetch_drops)
-        max_groups = rollouts.peer_group_cap(len(problems), self.cfg.swarm.max_peer_fraction,
-                                             self.cfg.swarm.max_peer_groups_per_step)
-        peer = rollouts.peer_samples(self.parts, groups, max_groups, drops, self.step)
-        return peer, drops
+            return rollouts.PeerBatch(), Counter({"gather_timeout": 1})

@@ -12,8 +12,23 @@ and the loss returned is -J, where
               grpo, nois, f-nois  iw = 1,                    R = pi_theta / pi_theta_old
               vis, f-vis          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
               tis, f-tis          iw = min(rho, C) detached, R = pi_theta / pi_theta_old
-            with rho = pi_theta / pi_gen from the current trainer logprobs.
+            with rho = pi_theta_old / pi_gen, pi_theta_old the policy at the start of the step's
+            optimisation (`step_start_logprobs`).
 So the gradient of an unfiltered token in the first epoch (R = 1) is -w_i A_i min(rho, C) grad log pi.
+
+The multi-epoch weight (train.epochs_per_batch > 1) is the decoupled form min(pi_old/pi_gen, C) * R:
+the importance weight corrects for who generated the sample (pi_gen) relative to the policy the
+batch started from (pi_old), and stays fixed across epochs; the PPO ratio R = pi_theta/pi_old,
+clipped, carries the change made by earlier epochs. Own on-policy samples (pi_gen = pi_old) get
+weight 1 in every epoch, so every variant equals GRPO on on-policy data; reading the weight from
+the current policy instead would give them R (DESIGN.md section 1 with one update per batch is the
+special case R = 1, where both forms agree).
+
+Numerics that peers cannot poison: every log-ratio (pi_theta/pi_gen, pi_theta/pi_old,
+pi_old/pi_gen, and the KL's delta) is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before it is
+exponentiated, so any finite (or floored, `protocol.validate`) generator logprob gives finite
+ratios, losses, gradients and statistics. Beyond the bound a token's ratio is constant, so it
+carries no gradient through the ratio; within it nothing changes.
 
 Every computation that may see padding first replaces padded values by 0 (`torch.where`), so
 garbage (NaN, inf) in padded positions never reaches the loss or the gradient. `objective_loss`
@@ -33,6 +48,14 @@ from swarm_node.config import ObjectiveConfig
 KLReduction = Literal["sum", "mean"]
 Normalization = Literal["sequence", "token"]
 QUANTILES = (0.5, 0.9, 0.99)
+LOG_RATIO_BOUND = 20.0  # |log ratio| cap: e^20 ~ 4.9e8, so ratio * advantage * weight stays finite in float32
+
+
+def clamped_log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
+    """log(numerator/denominator) of two logprob tensors [B,T], clamped to +-LOG_RATIO_BOUND, 0 where
+    `mask` is false (padding garbage, NaN included, never leaks: `torch.where` picks the 0)."""
+    diff = (numerator - denominator).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    return torch.where(mask, diff, 0.0)
 
 
 def group_advantages(
@@ -76,11 +99,12 @@ def per_sample_kl(
 
     delta_t = logp_gen - logp_theta, k3_t = exp(delta_t) - delta_t - 1 >= 0, reduced over the valid
     tokens only (`sum`, or `mean` with 0 for a sample without valid tokens). Inputs [B,T], mask
-    [B,T] bool; returns [B] in the inputs' dtype (at least float32). A huge delta gives inf (a
-    sample certainly above g), never NaN. No gradient flows (inputs are detached).
+    [B,T] bool; returns [B] in the inputs' dtype (at least float32). delta is clamped to
+    +-LOG_RATIO_BOUND, so a huge delta gives a huge but finite KL (a sample certainly above any
+    sensible g), never inf or NaN. No gradient flows (inputs are detached).
     """
     dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
-    delta = torch.where(mask, generator_logprobs.detach().to(dtype) - trainer_logprobs.detach().to(dtype), 0.0)
+    delta = clamped_log_ratio(generator_logprobs.detach().to(dtype), trainer_logprobs.detach().to(dtype), mask)
     k3 = torch.expm1(delta) - delta  # [B,T], exactly 0 on padding
     total = k3.sum(dim=1)  # [B]
     if reduction == "sum":
@@ -158,9 +182,10 @@ class ObjectiveStats:
 
     All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
     kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
-    of scored samples (a trainer leaves samples without gradient unscored: `unscored_stats`);
-    the importance weight is rho = pi_theta / pi_gen whatever the variant (a diagnostic of how
-    off-policy the batch is); `ess` is over the truncated weights min(rho, C).
+    of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
+    these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
+    the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
+    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C).
     """
 
     n_samples: Tensor
@@ -312,15 +337,14 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     adv = torch.where(filtered, 0.0, inputs.advantages.detach().to(dtype))  # A'  [B]
     active = mask & ~filtered[:, None]  # [B,T] tokens that can carry gradient
 
-    # Log-ratios with inactive positions set to 0 *before* exp, so padding garbage never leaks.
-    theta_minus_gen = theta - gen  # log pi_theta/pi_gen  [B,T]
-    rho = torch.exp(torch.where(mask, theta_minus_gen.detach(), 0.0))  # [B,T] detached, 1 on padding
-    truncated_rho = rho.clamp(max=cfg.truncation_c)  # min(rho, C), finite even where rho is inf
+    # Clamped log-ratios, 0 at inactive positions *before* exp, so padding garbage never leaks.
+    rho = torch.exp(clamped_log_ratio(old, gen, mask))  # [B,T] pi_old/pi_gen, detached, 1 on padding
+    truncated_rho = rho.clamp(max=cfg.truncation_c)  # min(rho, C)
     base = cfg.variant.removeprefix("f-")
     if base == "vis":
-        clip_log_ratio = torch.where(active, theta_minus_gen, 0.0)
+        clip_log_ratio = clamped_log_ratio(theta, gen, active)  # log pi_theta/pi_gen [B,T]
     else:
-        clip_log_ratio = torch.where(active, theta - old, 0.0)  # log pi_theta/pi_theta_old [B,T]
+        clip_log_ratio = clamped_log_ratio(theta, old, active)  # log pi_theta/pi_theta_old [B,T]
     term = _ppo_surrogate(clip_log_ratio, adv[:, None], cfg.clip_eps)  # [B,T]
     if base == "tis":
         term = term * truncated_rho

@@ -1,9 +1,16 @@
 """Observers: `swarm-node status` and `swarm-node dashboard` join the swarm in client mode, train
-nothing, and read the nodes' status records."""
+nothing, and read the nodes' status records.
+
+An observer is one short-lived client-mode DHT peer with a throwaway identity: its key file lives
+in a temporary folder only until the DHT has started, so nothing is left behind. Observers that
+stay (`status --watch`, `dashboard`) keep self-healing membership on and also re-dial the
+addresses the status records publish, so an outage does not leave them blind for good.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -15,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from swarm_node.config import SwarmConfig
+from swarm_node.health import alone_warning
 
 
 def stop_on_signals() -> threading.Event:
@@ -35,20 +43,39 @@ class SwarmStatusSource:
         self.timeout = timeout
 
     def read(self) -> list[Any]:
-        return list(self.exchange.read_statuses(timeout=self.timeout))
+        return read_and_remember(self.exchange, self.timeout)
 
 
-def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path | None = None,
-                     timeout: float = 60.0) -> tuple[Any, Any]:
+def read_and_remember(exchange: Any, timeout: float) -> list[Any]:
+    """Status records of live peers; their published addresses become re-dial candidates."""
+    statuses = list(exchange.read_statuses(timeout=timeout))
+    membership = getattr(exchange.transport, "membership", None)
+    if membership is not None:
+        membership.remember([a for st in statuses for a in st.maddrs])
+    return statuses
+
+
+def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path | None = None, *,
+                     self_heal: bool = True, timeout: float = 60.0) -> tuple[Any, Any]:
     """A client-mode DHT peer plus an exchange to read status records. Returns (transport, exchange).
-    Joining waits at most `timeout` seconds (one attempt): an observer should answer quickly."""
-    from swarm_node.assemble import start_transport
-    from swarm_node.swarm.exchange import RolloutExchange
+    Joining waits at most `timeout` seconds (one attempt): an observer should answer quickly.
 
-    node_dir = node_dir or Path(tempfile.mkdtemp(prefix="swarm-node-observer-"))
-    cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True,
-                      startup_timeout_s=timeout, start_attempts=1)
-    transport = start_transport(cfg, node_dir)
+    Without `node_dir` the identity is a fresh key in a temporary folder, removed once the DHT is up."""
+    from swarm_node.lifecycle import start_torch_shm_manager
+    from swarm_node.swarm.dht import HivemindTransport
+    from swarm_node.swarm.exchange import RolloutExchange
+    from swarm_node.swarm.identity import load_node_identity
+
+    cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True)
+    start_torch_shm_manager()  # see its docstring
+    scratch = None if node_dir is not None else tempfile.mkdtemp(prefix="swarm-node-observer-")
+    try:
+        transport = HivemindTransport(
+            load_node_identity(Path(node_dir or scratch)), swarm_id, initial_peers=cfg.initial_peers,
+            client_mode=True, startup_timeout=timeout, start_attempts=1, self_heal=self_heal)
+    finally:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return transport, RolloutExchange(transport, swarm_id, vocab_size=1)  # reads status records only
 
 
@@ -67,7 +94,8 @@ def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
             "timestamp": st.timestamp, "maddrs": list(st.maddrs),
             "reward": m.get("reward_mean"), "accuracy": m.get("accuracy"),
             "peer_samples_used": m.get("peer_samples_used"), "filtered": m.get("filtered"),
-            "tokens_per_s": m.get("tokens_per_s"), "metrics": dict(m),
+            "tokens_per_s": m.get("tokens_per_s"), "live_peers": m.get("live_peers"),
+            "warning": alone_warning(m), "metrics": dict(m),
         })
     return rows
 
@@ -78,18 +106,24 @@ def _fmt(v: Any, spec: str) -> str:
 
 def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     table = Table(title=f"swarm: {len(rows)} live peers")
-    for col in ("peer", "model", "step", "reward", "acc", "peer used", "filtered", "tok/s", "age"):
+    for col in ("peer", "model", "step", "reward", "acc", "peer used", "filtered", "tok/s", "peers", "age"):
         table.add_column(col, justify="left" if col in ("peer", "model") else "right")
+    warnings = []
     for r in rows:
         table.add_row(r["peer_id"][:12] + "…", r["model_id"], str(r["step"]), _fmt(r["reward"], ".3f"),
                       _fmt(r["accuracy"], ".3f"), _fmt(r["peer_samples_used"], ".0f"),
-                      _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), f"{now - r['timestamp']:.0f}s")
+                      _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
+                      f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)
+        if r.get("warning"):
+            warnings.append(f"warning: {r['peer_id'][:12]}… {r['warning']}")
+    if warnings:
+        table.caption = "\n".join(warnings)
     return table
 
 
 def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, watch: bool,
                interval: float, timeout: float) -> None:
-    transport, exchange = connect_observer(initial_peers, swarm_id, timeout=timeout)
+    transport, exchange = connect_observer(initial_peers, swarm_id, self_heal=watch, timeout=timeout)
     console = Console()
     try:
         if as_json and not watch:
@@ -101,7 +135,7 @@ def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, wa
         stop = stop_on_signals()
         with Live(console=console, refresh_per_second=1) as live:
             while not stop.is_set():
-                rows = status_rows(exchange.read_statuses(timeout=timeout))
+                rows = status_rows(read_and_remember(exchange, timeout))
                 live.update(render_table(rows, transport.dht_time()))
                 stop.wait(interval)
     finally:

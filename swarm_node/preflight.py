@@ -91,7 +91,7 @@ def check_initial_peers(peers: Sequence[str]) -> None:
             parse([addr])
         except ValueError as e:
             raise InputError(f"--initial-peer {addr!r} is not a full multiaddr ending in /p2p/<peer id>",
-                             "copy the whole address a running node prints after 'listening on', e.g. "
+                             "copy the whole address a running node prints after 'join through', e.g. "
                              "/ip4/1.2.3.4/tcp/31337/p2p/Qm...") from e
 
 

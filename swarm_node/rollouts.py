@@ -2,6 +2,11 @@
 groups; peers' decoded groups are checked against this node's own state (tokenizer, prompt set),
 re-scored locally and become training samples. Every rejection is counted by reason.
 
+A step's peer work (fetch, checks, reward verification within its time budget:
+`swarm_node.tasks.verify`) runs off the step thread in `gather_peer_samples`, overlapped with
+generation. Groups refused for a reason that would recur (a verifier timeout, or blame for a
+non-finite step) go to the node's reject list and stay refused across restarts.
+
 The protocol layer has already checked structure and limits (`protocol.validate`, in the
 exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
 against the node's own copy of the prompt set, and the reward, which is always recomputed.
@@ -9,8 +14,11 @@ against the node's own copy of the prompt set, and the reward, which is always r
 
 from __future__ import annotations
 
+import hashlib
+import random
+import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,12 +28,15 @@ from protocol import keys
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
 from swarm_node.tasks.base import Problem
+from swarm_node.tasks.verify import VERIFIER_TIMEOUT, VERIFY_BUDGET, PeerVerifier
 
 DROP_TOKENIZER = "tokenizer_mismatch"
 DROP_UNKNOWN_PROMPT = "unknown_prompt"
 DROP_WRONG_SWARM = "wrong_swarm"
 DROP_OVER_CAP = "over_peer_cap"
 DROP_OWN_ECHO = "own_group"
+DROP_REJECTED_BEFORE = "rejected_before"  # refused earlier for a reason that would recur (swarm_node.rejects)
+DROP_NONFINITE = "nonfinite_step"  # its samples made a training step non-finite
 
 
 def window_of(dht_time: float, window_seconds: float) -> int:
@@ -53,6 +64,7 @@ class OwnBatch:
 class PeerBatch:
     samples: list[TrainSample] = field(default_factory=list)
     groups: int = 0
+    verify_seconds: float = 0.0  # spent computing the peers' rewards
 
 
 def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
@@ -61,8 +73,22 @@ def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
     return f"{sender}:{policy_version}:{index}"
 
 
+# Fast tokenizers are not safe to call from two threads at once (a Rust "Already borrowed" error),
+# and the gather thread decodes and renders while the step thread does: every use goes through here.
+_TOKENIZER_LOCK = threading.Lock()
+
+
 def _decode(parts: Any, token_ids: np.ndarray) -> str:
-    return parts.policy.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True)
+    with _TOKENIZER_LOCK:
+        return parts.policy.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True)
+
+
+def render_prompts(parts: Any, problems: Sequence[Problem]) -> list[list[int]]:
+    """Prompt token ids of `problems` with this node's template (thread-safe)."""
+    from swarm_node.tasks import render_prompt
+
+    with _TOKENIZER_LOCK:
+        return [render_prompt(parts.policy.tokenizer, p.question, parts.config.task.system_prompt) for p in problems]
 
 
 def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
@@ -114,6 +140,31 @@ def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: i
     return min(max_peer_groups, by_share)
 
 
+def group_record_id(group: RolloutGroup) -> str:
+    """A content id of a peer's group: sender, prompt, policy version and every completion's tokens
+    and logprobs (so a re-encoding of the same data has the same id, and any change a new one)."""
+    h = hashlib.sha256()
+    p = group.prompt
+    for part in (group.sender, p.prompt_set_id, str(p.index), p.sha256, str(group.policy_version)):
+        data = part.encode()
+        h.update(len(data).to_bytes(4, "little") + data)
+    for c in group.completions:
+        tokens = np.asarray(c.token_ids, dtype="<u4").tobytes()
+        logprobs = np.asarray(c.logprobs, dtype="<f4").tobytes()
+        h.update(len(tokens).to_bytes(8, "little") + tokens + logprobs)
+    return h.hexdigest()
+
+
+def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str]:
+    """Record the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`) in the
+    node's reject list, so they stay refused (also after a restart); returns the drops to count."""
+    ids = {s.record_id: s.source for s in samples if s.is_peer and s.record_id}
+    rejects = getattr(parts, "rejects", None)
+    if rejects is not None and ids:
+        rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
+    return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
+
+
 def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
     ps = parts.prompt_set
     if ref.prompt_set_id != ps.id or not 0 <= ref.index < len(ps):
@@ -122,39 +173,76 @@ def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
     return problem if problem.sha256 == ref.sha256 else None
 
 
-def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
-                 step: int) -> PeerBatch:
-    """Check peers' groups against this node's state, recompute rewards, keep at most `max_groups`."""
-    from swarm_node.tasks import render_prompt
+def peer_verifier(parts: Any) -> PeerVerifier:
+    """A fresh verification budget for one gather (`task.peer_reward_budget_s`, `..._per_peer_s`)."""
+    task = parts.config.task
+    start = getattr(parts.reward_fn, "start_peer_worker", None)
+    if start is not None:
+        start()  # a no-op once running; else its startup overlaps the fetch instead of the budget
+    return PeerVerifier(parts.reward_fn, task.peer_reward_budget_s, task.peer_reward_budget_per_peer_s)
 
-    cfg, policy = parts.config, parts.policy
+
+def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, step: int
+                        ) -> tuple[PeerBatch, Counter[str]]:
+    """Fetch peers' groups and turn them into samples, rewards included: the whole of a step's
+    peer work, run off the step thread (the node submits it at the start of the step, so it
+    overlaps generation). `own_groups` sets the peer cap (`peer_group_cap`)."""
+    sw = parts.config.swarm
+    verifier = peer_verifier(parts)
+    groups, fetch_drops = parts.exchange.fetch_groups(
+        current_window=window, staleness_windows=sw.staleness_steps, max_groups=sw.max_peer_groups_per_step,
+        max_per_peer=sw.max_groups_per_peer, timeout=sw.fetch_timeout_s, rng=random.Random(seed))
+    drops: Counter[str] = Counter(fetch_drops)
+    max_groups = peer_group_cap(own_groups, sw.max_peer_fraction, sw.max_peer_groups_per_step)
+    return peer_samples(parts, groups, max_groups, drops, step, verifier), drops
+
+
+def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
+                 step: int, verifier: PeerVerifier | None = None) -> PeerBatch:
+    """Check peers' groups against this node's state, recompute rewards (within `verifier`'s time
+    budget, a fresh one by default), keep at most `max_groups`."""
+    verifier = verifier or peer_verifier(parts)
+    rejects = getattr(parts, "rejects", None)
     batch = PeerBatch()
     for group in groups:
-        if group.sender == parts.peer_id:
-            drops[DROP_OWN_ECHO] += 1
+        reason = _group_reason(parts, group)
+        problem = _known_problem(parts, group.prompt) if reason is None else None
+        if reason is None and problem is None:
+            reason = DROP_UNKNOWN_PROMPT
+        if reason is None and batch.groups >= max_groups:
+            reason = DROP_OVER_CAP
+        record_id = group_record_id(group) if reason is None else ""
+        if reason is None and rejects is not None and record_id in rejects:
+            reason = DROP_REJECTED_BEFORE
+        if reason is not None:
+            drops[reason] += 1
             continue
-        if group.swarm_id != cfg.swarm.swarm_id:
-            drops[DROP_WRONG_SWARM] += 1
-            continue
-        if group.tokenizer_fingerprint != policy.fingerprint:
-            drops[DROP_TOKENIZER] += 1  # per-token weights would compare different token streams
-            continue
-        problem = _known_problem(parts, group.prompt)
-        if problem is None:
-            drops[DROP_UNKNOWN_PROMPT] += 1
-            continue
-        if batch.groups >= max_groups:
-            drops[DROP_OVER_CAP] += 1
+        token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
+        verdict = verifier.group_rewards([_decode(parts, ids) for ids in token_ids], problem, group.sender)
+        batch.verify_seconds += verdict.seconds
+        if verdict.rewards is None:
+            drops[verdict.reason or VERIFY_BUDGET] += 1
+            if verdict.blamed and rejects is not None:
+                rejects.add(record_id, verdict.reason or VERIFIER_TIMEOUT)
             continue
         # The prompt is rendered with this node's own template: the node trains its own policy.
-        prompt = np.asarray(render_prompt(policy.tokenizer, problem.question, cfg.task.system_prompt), dtype=np.int64)
+        prompt = np.asarray(render_prompts(parts, [problem])[0], dtype=np.int64)
         key = _group_key(parts, group.sender, group.policy_version, problem.index)
-        for c in group.completions:
-            ids = np.array(c.token_ids, dtype=np.int64)
+        for c, ids, reward in zip(group.completions, token_ids, verdict.rewards, strict=True):
             batch.samples.append(TrainSample(
                 group_key=key, prompt_ids=prompt, completion_ids=ids,
                 generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
-                reward=float(parts.reward_fn(_decode(parts, ids), problem)),
-                is_peer=True, source=group.sender))
+                reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
     return batch
+
+
+def _group_reason(parts: Any, group: RolloutGroup) -> str | None:
+    """Checks that need this node's identity, swarm and tokenizer (the exchange checked the rest)."""
+    if group.sender == parts.peer_id:
+        return DROP_OWN_ECHO
+    if group.swarm_id != parts.config.swarm.swarm_id:
+        return DROP_WRONG_SWARM
+    if group.tokenizer_fingerprint != parts.policy.fingerprint:
+        return DROP_TOKENIZER  # per-token weights would compare different token streams
+    return None

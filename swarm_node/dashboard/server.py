@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from swarm_node import metrics as m
 from swarm_node.dashboard.sources import StatusLike, StatusSource
+from swarm_node.health import alone_warning
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class SwarmHistory:
             "step": int(st.step),
             "timestamp": float(st.timestamp),
             "metrics": metrics,
+            "warning": alone_warning(dict(st.metrics)),
             "last_seen": now,
             "present": True,
         }

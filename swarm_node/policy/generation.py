@@ -2,11 +2,11 @@
 factory that picks `hf`, `vllm`, or (`auto`, the default) vLLM when installed and usable, else hf.
 
 Logprobs: for every sampled token the generator returns log softmax(logits / temperature), the
-tempered distribution before nucleus (top_p) truncation. With top_p = 1 that is exactly the
-sampling distribution. With top_p < 1 the token was drawn from the renormalised nucleus, whose
-logprob is higher by -log(nucleus mass); we still return the untruncated tempered logprob because
-it is the quantity the trainer can recompute (`scoring.token_logprobs`), so own samples have
-ratio 1. Peers do the same, so importance weights compare like with like.
+tempered distribution, which is exactly the sampling distribution because top_p < 1 is refused by
+the config (and peers' groups sampled with top_p < 1 by `protocol.validate`): under a nucleus the
+backends would disagree (vLLM reports renormalised logprobs), and importance weights need one
+definition on every node. It is the quantity the trainer recomputes (`scoring.token_logprobs`), so
+own samples have ratio 1.
 
 Sampling is reproducible: each `generate` call seeds torch's RNG (inside `fork_rng`, leaving the
 caller's RNG untouched) from a generator-owned stream started at `seed`; `state_dict` exposes that

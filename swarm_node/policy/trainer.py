@@ -12,18 +12,29 @@
      micro-batch, so the scorer runs that prompt once) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step.
-     `step_start_logprobs` (pi_theta_old, read by the KL filter and the PPO ratio) are the
-     first epoch's trainer logprobs, detached: the weights have not moved yet at that point, so no
-     separate no-grad pass is needed;
+     `step_start_logprobs` (pi_theta_old, read by the KL filter, the importance weight and the PPO
+     ratio) are the first epoch's trainer logprobs, detached: the weights have not moved yet at
+     that point, so no separate no-grad pass is needed. Scoring runs in eval mode (dropout off),
+     so weights and KL are those of the policy; a model with dropout (e.g. `lora.dropout > 0`)
+     keeps it for the gradient pass and gets pi_theta_old from an extra no-grad eval pass;
+     peer samples left out in step 2 get a no-grad pass too (`_diagnose`), so the KL and weight
+     statistics cover every peer sample;
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
-optimizer step but the step still counts. Non-finite losses or gradients raise instead of
-corrupting the weights.
+optimizer step but the step still counts.
+
+Non-finite numerics never reach the weights. The objective clamps every log-ratio, so finite
+inputs give finite losses; should a loss or the gradient norm still be non-finite, the epoch's
+gradient is discarded, the step's peer samples are dropped and the remaining epochs run on own
+samples only (metrics `nonfinite_dropped_samples`, `nonfinite_senders`; the blamed peer samples
+are left in `Trainer.poisoned` for the node to remember). Non-finite numerics from own samples
+alone are a bug of this node and raise FloatingPointError.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +57,21 @@ from swarm_node.objective import (
 from swarm_node.policy.models import Policy
 from swarm_node.policy.scoring import padded_batch, token_logprobs
 from swarm_node.policy.types import TrainSample
+
+
+log = logging.getLogger(__name__)
+
+
+class _NonFinite(Exception):
+    """A non-finite loss (`culprit_indices`: the micro-batch's samples) or gradient norm (None)."""
+
+    def __init__(self, message: str, culprit_indices: list[int] | None) -> None:
+        super().__init__(message)
+        self.culprit_indices = culprit_indices
+        self.culprits: list[TrainSample] | None = None
+        self.epoch = 0
+        self.optimizer_steps = 0
+        self.first: dict[str, float] = {}
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
@@ -94,6 +120,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=train_cfg.learning_rate, betas=tuple(train_cfg.betas),
                                            weight_decay=train_cfg.weight_decay)
         self.step_count = 0
+        self.poisoned: list[TrainSample] = []  # peer samples blamed for the last step's non-finite numerics
+        self.dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in policy.model.modules())
 
     @property
     def lr(self) -> float:
@@ -101,25 +129,28 @@ class Trainer:
         return self.cfg.learning_rate * lr_factor(self.step_count, self.cfg)
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """One optimisation step on `samples`; returns flat metrics (see module docstring)."""
+        """One optimisation step on `samples`; returns flat metrics (see module docstring).
+
+        `self.poisoned` lists, after the call, the peer samples blamed for a non-finite step."""
         lr = self.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        first = {"loss": 0.0, "grad_norm": 0.0}
-        stats = ObjectiveStats.empty()
-        optimizer_steps = 0
+        self.poisoned = []
+        dropped: list[TrainSample] = []
         model = self.policy.model
         was_training = model.training
-        model.train()
         try:
-            batch = self._prepare(samples)
-            step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
-            for epoch in range(self.cfg.epochs_per_batch if samples else 0):
-                loss, stats = self._accumulate(batch, step_start, first_epoch=epoch == 0)
-                grad_norm, stepped = self._apply(stats)
-                optimizer_steps += int(stepped)
-                if epoch == 0:
-                    first = {"loss": loss, "grad_norm": grad_norm}
+            try:
+                stats, first, optimizer_steps, batch = self._epochs(samples, 0)
+            except _NonFinite as bad:
+                dropped, self.poisoned = self._blame(samples, bad)
+                own = [s for s in samples if not s.is_peer]
+                try:
+                    stats, first, steps_after, batch = self._epochs(own, bad.epoch)
+                except _NonFinite as again:
+                    raise FloatingPointError(f"{again} on own samples only") from None
+                optimizer_steps = bad.optimizer_steps + steps_after
+                first = bad.first if bad.epoch > 0 else first
         finally:
             model.train(was_training)
         self.step_count += 1
@@ -127,8 +158,47 @@ class Trainer:
             **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
             "optimizer_steps": float(optimizer_steps),
             "skipped": float(optimizer_steps == 0),
-            "skipped_samples": float(len(samples) - sum(len(mb) for mb in batch.micro_batches)),
+            "skipped_samples": float(len(samples) - len(dropped) - sum(len(mb) for mb in batch.micro_batches)),
+            "nonfinite_dropped_samples": float(len(dropped)),
+            "nonfinite_senders": float(len({s.source for s in self.poisoned})),
         }
+
+    def _epochs(self, samples: Sequence[TrainSample], start_epoch: int
+                ) -> tuple[ObjectiveStats, dict[str, float], int, _Batch]:
+        """Epochs `start_epoch..epochs_per_batch-1` over `samples`: (last epoch's stats, first
+        epoch's loss and gradient norm, optimizer steps taken, the batch). Raises `_NonFinite`."""
+        first = {"loss": 0.0, "grad_norm": 0.0}
+        stats = ObjectiveStats.empty()
+        optimizer_steps = 0
+        self.policy.model.train(self.dropout)  # eval mode unless dropout is configured (see _accumulate)
+        batch = self._prepare(samples)
+        step_start: list[Tensor] = [torch.zeros(0)] * len(samples)
+        for epoch in range(start_epoch, self.cfg.epochs_per_batch if samples else 0):
+            try:
+                loss, stats = self._accumulate(batch, step_start, first_epoch=epoch == start_epoch)
+                grad_norm, stepped = self._apply(stats)
+            except _NonFinite as bad:
+                self.optimizer.zero_grad(set_to_none=True)
+                bad.epoch, bad.optimizer_steps, bad.first = epoch, optimizer_steps, first
+                bad.culprits = [samples[i] for i in bad.culprit_indices] if bad.culprit_indices is not None else None
+                raise
+            optimizer_steps += int(stepped)
+            if epoch == start_epoch:
+                first = {"loss": loss, "grad_norm": grad_norm}
+        return stats, first, optimizer_steps, batch
+
+    def _blame(self, samples: Sequence[TrainSample], bad: _NonFinite) -> tuple[list[TrainSample], list[TrainSample]]:
+        """(peer samples dropped from the step, peer samples blamed) for a non-finite step.
+
+        The micro-batch whose loss was non-finite is to blame; a non-finite gradient norm cannot be
+        traced to a micro-batch, so every peer sample is. Only own samples to blame: our own bug."""
+        peers = [s for s in samples if s.is_peer]
+        blamed = [s for s in (bad.culprits if bad.culprits is not None else peers) if s.is_peer]
+        if not blamed:
+            raise FloatingPointError(str(bad))
+        log.warning("step %d: %s; dropped the step's %d peer samples, blamed senders: %s", self.step_count, bad,
+                    len(peers), ", ".join(sorted({s.source for s in blamed})))
+        return peers, blamed
 
     def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
         device = self.policy.device
@@ -146,8 +216,12 @@ class Trainer:
         is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
         carries = carries_gradient(advantages, is_peer, ocfg).tolist()
         scored = [i for i in range(len(samples)) if carries[i] and len(samples[i].completion_ids) > 0]
-        left_out = torch.tensor(sorted(set(range(len(samples))) - set(scored)), dtype=torch.long, device=device)
-        return _Batch(
+        # Peer samples without gradient still get a no-grad pass, for the KL and weight statistics.
+        diagnosed = [i for i in range(len(samples)) if samples[i].is_peer and i not in set(scored)
+                     and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
+        rest = sorted(set(range(len(samples))) - set(scored) - set(diagnosed))
+        left_out = torch.tensor(rest, dtype=torch.long, device=device)
+        batch = _Batch(
             prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
             completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
             generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
@@ -158,6 +232,33 @@ class Trainer:
             micro_batches=_micro_batches(samples, scored, self.cfg.micro_batch_size),
             unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
         )
+        batch.unscored.merge(self._diagnose(batch, _micro_batches(samples, diagnosed, self.cfg.micro_batch_size)))
+        return batch
+
+    @torch.no_grad()
+    def _diagnose(self, batch: _Batch, micro_batches: list[list[int]]) -> ObjectiveStats:
+        """Statistics (KL, importance weights, filters) of samples that carry no gradient, from a
+        no-grad pass in eval mode at the step's starting weights, so that the KL distribution users
+        read to choose g covers every peer sample, not only those with a positive advantage."""
+        stats = ObjectiveStats.empty()
+        model = self.policy.model
+        was_training = model.training
+        model.eval()
+        try:
+            for idx in micro_batches:
+                logprobs, mask = padded_batch(token_logprobs(model, [batch.prompts[i] for i in idx],
+                                                             [batch.completions[i] for i in idx], self.temperature,
+                                                             len(idx)))
+                index = torch.tensor(idx, device=logprobs.device)
+                inputs = ObjectiveInputs(
+                    trainer_logprobs=logprobs, step_start_logprobs=logprobs,
+                    generator_logprobs=padded_batch([batch.generator_logprobs[i] for i in idx])[0], mask=mask,
+                    advantages=batch.advantages[index], is_peer=batch.is_peer[index],
+                    sample_weights=batch.weights[index])
+                stats.merge(objective_loss(inputs, self.objective_cfg)[1])
+        finally:
+            model.train(was_training)
+        return stats
 
     def _accumulate(self, batch: _Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
         """Forward + backward over every micro-batch; gradients accumulate in `.grad`.
@@ -170,7 +271,8 @@ class Trainer:
             scored = token_logprobs(self.policy.model, [batch.prompts[i] for i in idx],
                                     [batch.completions[i] for i in idx], self.temperature, len(idx))
             if first_epoch:
-                for i, lp in zip(idx, scored, strict=True):
+                reference = self._reference_logprobs(batch, idx) if self.dropout else scored
+                for i, lp in zip(idx, reference, strict=True):
                     step_start[i] = lp.detach()
             trainer_lp, mask = padded_batch(scored)  # [b, T], [b, T]
             index = torch.tensor(idx, device=trainer_lp.device)
@@ -185,19 +287,34 @@ class Trainer:
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite loss {float(loss)} at step {self.step_count}")
+                raise _NonFinite(f"non-finite loss {float(loss.detach())} at step {self.step_count}",
+                                 _culprit_rows(inputs, idx))
             if loss.requires_grad:
                 loss.backward()
             stats.merge(mb_stats)
             total += float(loss.detach())
         return total, stats
 
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: _Batch, idx: list[int]) -> list[Tensor]:
+        """pi_theta_old for a model with dropout: a no-grad pass in eval mode, so importance weights
+        and the KL are read from the policy itself, not from one dropout sample of it."""
+        model = self.policy.model
+        model.eval()
+        try:
+            return token_logprobs(model, [batch.prompts[i] for i in idx], [batch.completions[i] for i in idx],
+                                  self.temperature, len(idx))
+        finally:
+            model.train()
+
     def _apply(self, stats: ObjectiveStats) -> tuple[float, bool]:
         """Clip and step; skipped (returns (0, False)) when no token carried gradient."""
         if float(stats.n_active_tokens) == 0:
             self.optimizer.zero_grad(set_to_none=True)
             return 0.0, False
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm, error_if_nonfinite=True)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        if not torch.isfinite(norm):
+            raise _NonFinite(f"non-finite gradient norm {float(norm)} at step {self.step_count}", None)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm), True
@@ -212,6 +329,16 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = int(state["step_count"])
+
+
+def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
+    """The samples of a micro-batch with a non-finite loss that hold non-finite inputs at valid
+    positions (all of the micro-batch when none does: the loss cannot then be traced further)."""
+    finite = (torch.isfinite(inputs.generator_logprobs) & torch.isfinite(inputs.trainer_logprobs.detach())
+              & torch.isfinite(inputs.step_start_logprobs)) | ~inputs.mask  # [b, T]
+    bad = (~finite.all(dim=1)).tolist()
+    rows = [i for i, b in zip(idx, bad, strict=True) if b]
+    return rows or list(idx)
 
 
 def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int) -> list[list[int]]:

@@ -17,7 +17,7 @@ class GeneratedCompletion:
 
     token_ids: int64 [T], the sampled tokens (stop token included when finish_reason == "stop").
     logprobs:  float32 [T], log pi_gen(token_t | prompt, tokens_<t) under the sampling
-               distribution actually used (temperature applied; top_p = 1 keeps it exact).
+               distribution actually used (temperature applied; top_p < 1 is refused).
     """
 
     token_ids: np.ndarray
@@ -35,6 +35,7 @@ class TrainSample:
     reward:             recomputed locally, never a peer's claim
     is_peer:            True when another node generated it (filters apply by scope)
     source:             "self" or the generating peer's id
+    record_id:          peer samples: the id of the wire group they came from (rollouts.group_record_id)
     """
 
     group_key: str
@@ -44,6 +45,7 @@ class TrainSample:
     reward: float
     is_peer: bool
     source: str = "self"
+    record_id: str = ""
 
 
 class Generator(Protocol):

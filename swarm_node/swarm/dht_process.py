@@ -7,14 +7,20 @@
   shuts the DHT down when the parent process dies (kill -9), so a restarted node can reuse its
   identity without an orphan daemon answering for it, and makes hivemind's PeerID encode base58
   lazily (the eager encoding was the largest single CPU cost of a busy DHT process).
+  The p2p daemon it starts gets SIGKILL from the kernel if the DHT process itself dies (prctl
+  PR_SET_PDEATHSIG), so no daemon outlives its DHT even on kill -9 of the whole tree.
 * `get_many_in_dht` / `store_many_in_dht` run inside the DHT process: one traversal per batch of
   keys, each bounded by its own timeout.
+* `health_in_dht` / `redial_in_dht` serve self-healing membership (swarm/membership.py): the
+  routing table and live connections, and re-dialling known peers after an outage.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -25,7 +31,10 @@ from hivemind.p2p import PeerID
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.multiaddr import exceptions as maddr_errors
 
-__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "store_many_in_dht"]
+__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "redial_in_dht",
+           "store_many_in_dht"]
+
+_PR_SET_PDEATHSIG = 1
 
 
 class _BlockingRecvPipe:
@@ -69,6 +78,23 @@ def _lazy_peer_id_base58() -> None:
     PeerID.to_base58 = to_base58
 
 
+def _daemons_die_with_this_process() -> None:
+    """Every subprocess this process starts through asyncio (hivemind's p2pd) gets SIGKILL from the
+    kernel when this process dies (prctl PR_SET_PDEATHSIG, set between fork and exec)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    original = asyncio.subprocess.create_subprocess_exec
+
+    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("preexec_fn", die_with_parent)
+        return await original(*args, **kwargs)
+
+    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
+
+
 class PipeFixedDHT(hivemind.DHT):
     """hivemind.DHT with the large-message pipe fix, a parent-death watchdog and lazy peer-id
     encoding (see module doc)."""
@@ -77,6 +103,7 @@ class PipeFixedDHT(hivemind.DHT):
 
     def run(self) -> None:
         _lazy_peer_id_base58()
+        _daemons_die_with_this_process()
         self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
@@ -122,3 +149,46 @@ async def store_many_in_dht(_dht: Any, node: Any, keys: list[str], values: list[
         return await asyncio.wait_for(node.store_many(keys, values, expiration, subkeys=subkeys), timeout)
     except asyncio.TimeoutError:
         return {}
+
+
+async def health_in_dht(_dht: Any, node: Any) -> dict[str, Any]:
+    """Runs in the DHT process: routing table size and the peers with a live connection."""
+    table = node.protocol.routing_table
+    connected = await node.p2p.list_peers()
+    peers = {info.peer_id.to_base58(): [str(a) for a in info.addrs] for info in connected}
+    for peer_id in list(table.peer_id_to_uid):
+        peers.setdefault(peer_id.to_base58(), [])
+    return {"routing_table_size": len(table.uid_to_peer_id), "live_peers": len(connected),
+            "peers": peers, "stored_keys": len(node.protocol.storage)}
+
+
+async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]], timeout: float) -> int:
+    """Runs in the DHT process: connect to each (peer id, multiaddrs), ping it into the routing table,
+    forget its blacklist entry, then look up our own id to refill the table. Returns peers that answered."""
+
+    async def one(peer_b58: str, addrs: list[str]) -> bool:
+        peer = PeerID.from_base58(peer_b58)
+        if peer == node.peer_id:
+            return False
+        try:
+            await node.p2p._client.connect(peer, [Multiaddr(a) for a in addrs])
+        except Exception:  # network boundary: a peer still unreachable is the normal case here
+            pass  # the daemon may still reach it through addresses in its peerstore
+        if await node.protocol.call_ping(peer) is None:
+            return False
+        node.blacklist.register_success(peer)
+        return True
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    tasks = [asyncio.create_task(one(p, a)) for p, a in peers]
+    done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    answered = sum(1 for t in done if not t.cancelled() and t.exception() is None and t.result())
+    if answered and loop.time() < deadline:  # refill the table from the peers that answered
+        try:
+            await asyncio.wait_for(node.find_nearest_nodes([node.node_id]), deadline - loop.time())
+        except asyncio.TimeoutError:
+            pass
+    return answered

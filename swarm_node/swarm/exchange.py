@@ -2,16 +2,18 @@
 
 Layout (keys from `protocol.keys`): each encoded RolloutGroup is split into content-addressed
 chunks (at most CHUNK_BYTES each); a small RolloutIndex listing this node's groups of one time
-window lives in this node's own subkey of `rollout_index_key(swarm_id, window)`. Each publish
+window lives in this node's own subkey of one shard of that window's index (`index.ShardedIndex`:
+the shard count grows with the swarm; a small swarm uses one key per window). Each publish
 re-stores the merged index of the window; `republish()` extends records that still matter.
 
-Gathering reads the index keys of the last `staleness_windows + 1` windows, picks a bounded random
-sample of entries (`max_groups` in all, `max_per_peer` per peer, so a node's work per step does
-not grow with the swarm), fetches their chunks concurrently under one deadline, then decodes and
-checks each group. An entry whose chunks time out is tried again in a later gather; one whose
-chunks are missing gets one more try (a publish stores chunks and index in one batch, so a reader
-can see the index first) and is counted as `missing` the second time. Nothing a peer sends raises: every rejected record or group is counted under
-one reason (see the REASON constants and `protocol.validate` reasons).
+Gathering reads the index shards `index.ShardedIndex` plans for the last `staleness_windows + 1`
+windows (a bounded number; a record in a shard its owner is not in is an `index_mismatch`), picks
+a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer), fetches their
+chunks concurrently under one deadline, then decodes and checks each group. An entry whose chunks
+time out is tried again later; one whose chunks are missing gets one more try (chunks and index
+are stored in one batch, so a reader can see the index first) and then counts as `missing`.
+Nothing a peer sends raises: every rejected record or group is counted under one reason (see the
+REASON constants and `protocol.validate` reasons).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
@@ -24,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache, partial
 
 from protocol import codec, keys
 from protocol.messages import (
@@ -35,6 +38,7 @@ from protocol.messages import (
     RolloutIndex,
 )
 from protocol.validate import ValidationLimits, validate_group, validate_status
+from swarm_node.swarm.index import ShardedIndex, ShardRead
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
@@ -57,12 +61,15 @@ __all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange", "owned_key_schedule"
 
 
 def owned_key_schedule(swarm_id: str, window_seconds: float, staleness_windows: int) -> Callable[[float], list[str]]:
-    """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator)."""
+    """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator):
+    the status key and every index shard (all levels) of the windows around `now`."""
+
+    window_keys = lru_cache(maxsize=2 * staleness_windows + 16)(partial(keys.window_index_keys, swarm_id))
 
     def keys_at(now: float) -> list[str]:
         w = keys.window_of(now, window_seconds)
         lo = max(0, w - staleness_windows - 2)
-        return [keys.status_key(swarm_id)] + [keys.rollout_index_key(swarm_id, i) for i in range(lo, w + 3)]
+        return [keys.status_key(swarm_id)] + [k for i in range(lo, w + 3) for k in window_keys(i)]
 
     return keys_at
 
@@ -86,6 +93,7 @@ class RolloutExchange:
 
     `vocab_size` and `max_new_tokens` bound what is accepted (token ids and completion length);
     `record_ttl_s` is how long records live; `max_group_bytes` caps one encoded group.
+    `index_peers_per_shard` and `index_shards_per_read` shape the sharded index (`index.py`).
     """
 
     def __init__(
@@ -102,6 +110,8 @@ class RolloutExchange:
         tokenizer_fingerprint: str | None = None,
         group_filter: Callable[[RolloutGroup], str | None] | None = None,
         store_timeout: float = 10.0,
+        index_peers_per_shard: int = 16,
+        index_shards_per_read: int = 1,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
@@ -116,6 +126,8 @@ class RolloutExchange:
         )
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
         self.drops = DropCounter()  # everything dropped so far (groups and status records)
+        self.index = ShardedIndex(self.swarm_id, transport.peer_id, peers_per_shard=index_peers_per_shard,
+                                  shards_per_read=index_shards_per_read)
         self._published: dict[int, list[IndexEntry]] = {}  # window -> own entries
         self._blobs: dict[str, bytes] = {}  # digest -> chunk, kept while its window matters
         self._blob_window: dict[str, int] = {}
@@ -155,7 +167,7 @@ class RolloutExchange:
         while len(data) > MAX_RECORD_BYTES and len(entries) > 1:  # very long digests lists: keep newest
             entries = entries[len(entries) // 4 or 1:]
             data = codec.encode(RolloutIndex(sender=self.transport.peer_id, window=window, entries=tuple(entries)))
-        return self.transport.put_blobs_and_owned(blobs, keys.rollout_index_key(self.swarm_id, window), data,
+        return self.transport.put_blobs_and_owned(blobs, self.index.write_key(window), data,
                                                   expiration, self.store_timeout)
 
     def republish(self, current_window: int, staleness_windows: int) -> int:
@@ -168,6 +180,7 @@ class RolloutExchange:
             del self._published[w]
         for d in [d for d, w in self._blob_window.items() if w < oldest]:
             del self._blob_window[d], self._blobs[d]
+        self.index.forget_before(oldest)
         expiration = self.transport.dht_time() + self.record_ttl_s
         for w, entries in self._published.items():  # chunks and their window's index in one batch
             blobs = [self._blobs[d] for d, bw in self._blob_window.items() if bw == w]
@@ -222,23 +235,42 @@ class RolloutExchange:
         if max_groups <= 0 or max_per_peer <= 0:
             return [], drops
         windows = range(max(0, current_window - staleness_windows), current_window + 1)
-        index_keys = {keys.rollout_index_key(self.swarm_id, w): w for w in windows}
-        found = self.transport.get_all_many(list(index_keys), timeout=max(0.0, (deadline - time.monotonic()) / 2))
-        candidates = []
-        for key, window in index_keys.items():
-            for owner, item in found.get(key, {}).items():
-                if exclude_self and owner == self.transport.peer_id:
-                    continue
-                candidates.extend(self._index_candidates(owner, window, item.value, current_window,
-                                                         staleness_windows, drops))
+        candidates = self._read_index(self.index.read_plan(windows, rng), deadline, current_window,
+                                      staleness_windows, exclude_self, drops)
         chosen = self._sample(candidates, max_groups, max_per_peer, rng)
         groups = self._fetch_chosen(chosen, deadline, current_window, staleness_windows, drops)
         self.drops.update(drops)
         return groups, drops
 
-    def _index_candidates(self, owner: str, window: int, data: bytes, current: int, staleness: int,
+    def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
+                    exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
+        """Candidates from the index shards of `plan`; tells the index how many owners each held."""
+        found = self.transport.get_all_many([r.key for r in plan],
+                                            timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        candidates: dict[tuple[str, tuple[str, ...]], _Candidate] = {}
+        owners: dict[ShardRead, int] = {}
+        for read in plan:
+            records = found.get(read.key, {})
+            owners[read] = sum(self.index.belongs(o, read) for o in records)
+            for owner, item in records.items():
+                if exclude_self and owner == self.transport.peer_id:
+                    continue
+                for c in self._index_candidates(owner, read, item.value, current, staleness, drops):
+                    # an owner that changed level within a window is listed in two shards: once is enough
+                    candidates.setdefault((owner, tuple(c.entry.chunk_digests)), c)
+        self.index.observe(owners)
+        return list(candidates.values())
+
+    def _index_candidates(self, owner: str, read: ShardRead, data: bytes, current: int, staleness: int,
                           drops: DropCounter) -> list[_Candidate]:
+        window = read.window
         record_id = (owner, codec.content_digest(data))
+        if not self.index.belongs(owner, read):  # written into a shard its owner is not in
+            record_id = (owner, read.key)
+            if record_id not in self._bad_indexes:
+                drops.add(INDEX_MISMATCH)
+                self._bad_indexes[record_id] = window
+            return []
         if record_id in self._bad_indexes:
             return []  # counted when first seen
         reason = None

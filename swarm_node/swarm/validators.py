@@ -98,9 +98,7 @@ class ScheduledKeySchemaValidator(SchemaValidator):
     def validate(self, record: DHTRecord) -> bool:
         now = get_dht_time()
         if now - self._refreshed_at >= 1.0:
-            self._key_id_to_field_name = {
-                DHTID.generate(source=key).to_bytes(): "owned" for key in self._schedule(now)
-            }
+            self._key_id_to_field_name = {key_id(key): "owned" for key in self._schedule(now)}
             self._refreshed_at = now
         if record.key not in self._key_id_to_field_name:
             return True  # not an owned-only key: the schema has nothing to say (allow_extra_keys)
@@ -141,6 +139,12 @@ class SwarmRecordValidator(RecordValidatorBase):
             and isinstance(value, bytes)
             and len(value) <= MAX_RECORD_BYTES
         )
+
+
+@lru_cache(maxsize=1 << 15)
+def key_id(key: str) -> bytes:
+    """The DHT id of a raw key (cached: a schedule lists thousands of index shard keys every second)."""
+    return DHTID.generate(source=key).to_bytes()
 
 
 @lru_cache(maxsize=4096)

@@ -12,6 +12,10 @@ on demand. Difficulty levels (answers are always non-negative integers):
 
 Level 1 exists because a 135M-parameter chat model solves it only sometimes: GRPO learns only
 from groups whose rewards differ.
+
+Final answer (`swarm_node.tasks.answers`, the same for own and peer samples): exactly one
+`\\boxed{<number>}`; no other marker counts, so a bare number, a second box, or a hedged box
+(`\\boxed{7 \\text{(or 8)}}`, `\\boxed{7 = 8}`) scores 0.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Callable, Sequence
 from swarm_node.tasks.base import Problem, PromptSet, content_id
 
 MAX_LEVEL = 9
+FINAL_ANSWER_MARKERS: tuple[str, ...] = ()  # a box is required
 
 _NAMES = ("Tom", "Anna", "Ben", "Lily", "Sam", "Maya", "Leo", "Emma", "Omar", "Zoe", "Ivan", "Nina")
 _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "stamps", "shells", "coins", "cards")

@@ -173,6 +173,14 @@ class BoundedRunner:
         if not self._ready:
             self._await_ready()
 
+    def launch(self) -> None:
+        """Start the worker process now without waiting for it (no-op when one is running), so its
+        startup overlaps the caller's other work; the first call waits for what is left of it."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._discard()
+                self._launch()
+
     def start(self) -> None:
         """Start the worker now and wait until it is ready (else the first call does), so startup
         happens off the critical path."""

@@ -4,6 +4,10 @@ A local path is what offline machines use (`../shared/data/gsm8k/train.jsonl`,
 `../shared/data/math500/test.jsonl`); a hub id (`openai/gsm8k`, `HuggingFaceH4/MATH-500`) needs the
 `datasets` package and network access. Both give the same field names, so one row parser serves
 both. The set id hashes the loaded problems, so nodes that loaded the same data agree on it.
+
+Final answers (`swarm_node.tasks.answers`, the same for own and peer samples): GSM8K accepts
+exactly one of `\\boxed{<number>}` or the dataset's own marker `#### <number>` (both at once are two
+answers); MATH-500 requires exactly one `\\boxed{...}`. A hedged or multi-valued answer scores 0.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from swarm_node.tasks.base import Problem, PromptSet, content_id
 
 GSM8K_HUB_ID = "openai/gsm8k"
 MATH500_HUB_ID = "HuggingFaceH4/MATH-500"
+GSM8K_MARKERS: tuple[str, ...] = ("####",)
+MATH500_MARKERS: tuple[str, ...] = ()
 
 _GSM8K_GOLD = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
 

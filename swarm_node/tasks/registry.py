@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 from swarm_node.config import TaskConfig
-from swarm_node.tasks.arithmetic import arithmetic_prompt_set
+from swarm_node.tasks.arithmetic import FINAL_ANSWER_MARKERS, arithmetic_prompt_set
 from swarm_node.tasks.base import AnswerKind, PromptSet
-from swarm_node.tasks.datasets import GSM8K_HUB_ID, MATH500_HUB_ID, load_gsm8k, load_math500
+from swarm_node.tasks.datasets import (
+    GSM8K_HUB_ID,
+    GSM8K_MARKERS,
+    MATH500_HUB_ID,
+    MATH500_MARKERS,
+    load_gsm8k,
+    load_math500,
+)
 from swarm_node.tasks.rewards import CorrectnessReward
 
 
@@ -26,6 +33,8 @@ def make_reward_fn(
 ) -> CorrectnessReward:
     """The reward for a prompt set of `answer_kind`, bounded by `cfg.reward_timeout_s` per call.
 
-    `format_reward` overrides `cfg.format_reward` (evaluation passes 0 to score correctness only)."""
+    `format_reward` overrides `cfg.format_reward` (evaluation passes 0 to score correctness only);
+    the task's final-answer markers come from its module (GSM8K: `####`)."""
     bonus = cfg.format_reward if format_reward is None else format_reward
-    return CorrectnessReward(answer_kind, format_reward=bonus, timeout_s=cfg.reward_timeout_s)
+    markers = {"arithmetic": FINAL_ANSWER_MARKERS, "gsm8k": GSM8K_MARKERS, "math500": MATH500_MARKERS}[cfg.name]
+    return CorrectnessReward(answer_kind, format_reward=bonus, timeout_s=cfg.reward_timeout_s, markers=markers)

@@ -115,6 +115,7 @@ def naive_loss_and_grad(
                 continue
             theta = batch.trainer[i][t]
             rho = math.exp(theta - batch.generator[i][t])
+            weight_rho = math.exp(batch.step_start[i][t] - batch.generator[i][t])  # decoupled: pi_old/pi_gen
             r_old = math.exp(theta - batch.step_start[i][t])
             if base in ("grpo", "nois"):
                 term, slope = _surrogate_and_slope(r_old, a, eps)
@@ -122,7 +123,7 @@ def naive_loss_and_grad(
                 term, slope = _surrogate_and_slope(rho, a, eps)
             elif base == "tis":
                 ppo, ppo_slope = _surrogate_and_slope(r_old, a, eps)
-                term, slope = min(rho, c) * ppo, min(rho, c) * ppo_slope
+                term, slope = min(weight_rho, c) * ppo, min(weight_rho, c) * ppo_slope
             else:
                 raise ValueError(variant)
             loss -= weight * term

@@ -14,7 +14,7 @@ from swarm_node.local_view import LiveView, short_model, status_table, step_line
 
 ROW = {"step": 12, "reward_mean": 0.4567, "accuracy": 0.25, "own_samples": 12, "peer_samples": 4,
        "peer_samples_used": 3, "filtered_nonpositive_advantage": 5, "filtered_kl": 1, "dropped_stale": 2,
-       "dropped_malformed": 1, "tokens_per_s": 1234.5, "step_seconds": 61.2}
+       "dropped_malformed": 1, "total_dropped_stale": 5, "tokens_per_s": 1234.5, "step_seconds": 61.2}
 
 
 class FakeProc:
@@ -52,7 +52,7 @@ def test_table_fits_80_columns_without_ellipses(tmp_path):
     lines = text.splitlines()
     assert max(len(ln) for ln in lines) <= 80
     assert "…" not in text
-    assert " 12 " in text and "0.46" in text and "1234" in text and "exit 143" in text
+    assert " 12 " in text and "0.46" in text and "    5 " in text and "1234" in text and "exit 143" in text
     assert "SmolLM2-135~+L" in text and "Qwen2.5-Coder~" in text  # 14 characters each
 
 

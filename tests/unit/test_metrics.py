@@ -12,7 +12,7 @@ from swarm_node import metrics as m
 
 
 def test_every_canonical_name_is_documented():
-    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "FILTERED_PREFIX")]
+    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "TOTAL_DROPPED_PREFIX", "FILTERED_PREFIX")]
     assert set(names) == set(m.METRICS)
     assert all(m.METRICS[n].strip() for n in names)
     for name in ("kl_p99", "bytes_per_token", "peer_samples_used", "ess", "eval_accuracy"):
@@ -92,7 +92,7 @@ def test_prometheus_serves_documented_names_with_values():
     step_metrics = {name: float(i) + 0.5 for i, name in enumerate(m.METRICS)}
     with m.PrometheusExporter("127.0.0.1:0") as exp:
         exp.update({**step_metrics, "dropped_stale": 2, "dropped_bad_version": 1})
-        exp.update({m.STEP: 7, "dropped_stale": 3})
+        exp.update({m.STEP: 7, "dropped_stale": 3, "total_dropped_stale": 5})
         values, body = _scrape(exp.port)
         port = exp.port
     for name, v in step_metrics.items():
@@ -102,6 +102,7 @@ def test_prometheus_serves_documented_names_with_values():
     assert values["swarm_node_step"] == 7.0
     assert values['swarm_node_dropped_total{reason="stale"}'] == 5.0
     assert values['swarm_node_dropped_total{reason="bad_version"}'] == 1.0
+    assert "swarm_node_total_dropped_stale" not in values  # the counter is the running total
     with pytest.raises(OSError):  # stopped: nothing listens any more
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 

@@ -14,7 +14,7 @@ from protocol.messages import IndexEntry, RolloutIndex
 from swarm_node.assemble import build_parts
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
-from tests.fakes import hash_reward
+from tests.fakes import Clock, hash_reward
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 
 SWARM = "unit-swarm"
@@ -121,7 +121,7 @@ def test_stop_before_run_takes_no_step(tmp_path):
 
 
 def test_horizontal_mode_shares_prompts_and_groups(tmp_path):
-    swarm = MemorySwarm()
+    swarm = MemorySwarm(clock=Clock())  # both steps in one window, however slow the machine
     extra = ['swarm.collaboration="horizontal"']
     a, b = make_node(tmp_path, swarm, "A", extra=extra), make_node(tmp_path, swarm, "B", extra=extra)
     window = keys.window_of(swarm.clock(), a.cfg.swarm.window_seconds)

@@ -194,6 +194,7 @@ def test_later_epoch_clips_ratio_to_old_policy():
         is_peer=torch.tensor([True]), sample_weights=torch.tensor([0.5], dtype=torch.float64))
     loss, grad, stats = loss_and_grad(inputs, ObjectiveConfig(variant="f-tis"))
     assert grad[0, 0] == 0.0
-    assert float(grad[0, 1]) == pytest.approx(-0.5 * math.exp(0.1))
-    assert float(loss) == pytest.approx(-0.5 * (1.2 + math.exp(0.1)))
+    # Decoupled weight min(pi_old/pi_gen, C) = e^-0.1 times the slope of R = e^0.1: exactly 1.
+    assert float(grad[0, 1]) == pytest.approx(-0.5)
+    assert float(loss) == pytest.approx(-0.5 * (1.2 * math.exp(-0.5) + 1.0))
     assert stats.to_dict()["clipped_fraction"] == 0.5

@@ -154,7 +154,8 @@ def test_samples_without_gradient_are_left_out_with_the_same_update(cache: Path,
     assert m["loss"] == pytest.approx(m_all["loss"], rel=1e-5, abs=1e-7)
     for key in ("samples", "peer_samples", "peer_samples_used", "filtered", "filtered_nonpositive_advantage"):
         assert m[key] == m_all[key], key
-    assert m["tokens"] == sum(len(s.completion_ids) for s in own[:3] + peer[1:2])  # scored samples' tokens
+    # Token statistics: scored samples, plus every peer sample (no-grad pass for the filtered ones)
+    assert m["tokens"] == sum(len(s.completion_ids) for s in own[:3] + peer)
     total = sum(v.numel() for v in delta.values())
     off = sum(int(((delta_all[n] - v).abs() > 1e-2 * 1e-3).sum()) for n, v in delta.items())
     assert off <= total * 1e-3, f"{off} of {total} elements moved differently"

@@ -42,7 +42,7 @@ def _seed_messages() -> list[Message]:
     group = RolloutGroup(
         swarm_id="fuzz", sender="QmSender", model_id="m", model_revision="r", tokenizer_fingerprint="fp",
         policy_version=9, created_at=123.5, prompt=PromptRef(prompt_set_id="ps", index=3, sha256="cd" * 32),
-        sampling=SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=64), completions=comps,
+        sampling=SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=64), completions=comps,
     )
     return [
         group,

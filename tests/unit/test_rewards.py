@@ -60,10 +60,11 @@ def test_last_boxed_and_format() -> None:
 
 def test_extract_answer_sources() -> None:
     assert extract_answer("x \\boxed{7} y 9", "number") == ("7", "boxed")
-    assert extract_answer("steps 3 4\n#### 1,234 done 5", "number") == ("1,234", "hashes")
-    assert extract_answer("it is 12, or maybe 13.5", "number") == ("13.5", "last_number")
+    assert extract_answer("steps 3 4\n#### 1,234 done 5", "number", ("####",)) == ("1,234", "hashes")
+    assert extract_answer("steps 3 4\n#### 1,234 done 5", "number") == (None, "none")  # not this task's marker
+    assert extract_answer("it is 12, or maybe 13.5", "number") == (None, "none")  # no box: no answer
     assert extract_answer("no digits", "number") == (None, "none")
-    assert extract_answer("the answer is $x^2$", "math") == ("the answer is $x^2$", "text")
+    assert extract_answer("the answer is $x^2$", "math") == (None, "none")
     assert extract_answer("   ", "math") == (None, "none")
 
 
@@ -89,10 +90,10 @@ def test_parse_number_rejects_non_numbers(text: str) -> None:
         ("\\boxed{72.0}", "72", True),
         ("\\boxed{\\$1,200}", "1200", True),
         ("\\boxed{71}", "72", False),
-        ("\\boxed{72} wait, actually \\boxed{73}", "72", False),  # the last box counts
-        ("\\boxed{73} no: \\boxed{72}", "72", True),
-        ("The answer is 72.", "72", True),  # no box: last number
-        ("#### 72\nI am not sure, 5", "72", True),  # no box: number after ####
+        ("\\boxed{72} wait, actually \\boxed{73}", "72", False),  # two answers: none counts
+        ("\\boxed{73} no: \\boxed{72}", "72", False),
+        ("The answer is 72.", "72", False),  # no box: no answer
+        ("#### 72\nI am not sure, 5", "72", False),  # #### is GSM8K's marker, not this reward's
         ("72 apples, minus 1 is 71", "72", False),
         ("\\boxed{-5}", "-5", True),
         ("\\boxed{5}", "-5", False),
@@ -117,8 +118,8 @@ def test_number_rewards(number_reward: CorrectnessReward, completion: str, gold:
         ("\\boxed{\\sqrt{2}}", "2\\sqrt{2}", False),
         ("\\boxed{(3, \\pi/2)}", "\\left( 3, \\frac{\\pi}{2} \\right)", True),
         ("\\boxed{(3, \\pi)}", "\\left( 3, \\frac{\\pi}{2} \\right)", False),
-        ("so the answer is $\\frac{1}{2}$", "\\frac{1}{2}", True),  # unboxed LaTeX
-        ("so the answer is 1/2", "\\frac{1}{2}", True),  # unboxed plain text
+        ("so the answer is $\\frac{1}{2}$", "\\frac{1}{2}", False),  # unboxed LaTeX: no answer
+        ("so the answer is 1/2", "\\frac{1}{2}", False),  # unboxed plain text: no answer
         ("\\boxed{10}", "10", True),  # numeric fast path
         ("\\boxed{11}", "10", False),
         ("", "10", False),
@@ -143,10 +144,10 @@ def test_format_bonus_and_counters() -> None:
     s = r.score("\\boxed{4}", gsm("4"))
     assert (s.correct, s.formatted, s.reward) == (True, True, 1.1)
     assert r("\\boxed{5}", gsm("4")) == pytest.approx(0.1)  # well-formed but wrong
-    assert r("4", gsm("4")) == 1.0  # right but unboxed: no bonus
-    assert r("\\boxed{4} \\boxed{4}", gsm("4")) == 1.0  # two boxes: no bonus
+    assert r("4", gsm("4")) == 0.0  # unboxed: no answer, no bonus
+    assert r("\\boxed{4} \\boxed{4}", gsm("4")) == 0.0  # two boxes: two answers, no bonus
     counts = r.counters()
-    assert counts["calls"] == 4 and counts["correct"] == 3 and counts["numeric"] == 4
+    assert counts["calls"] == 4 and counts["correct"] == 1 and counts["numeric"] == 2 and counts["no_answer"] == 2
     assert r.runner.starts == 0  # plain numbers never start the math-verify worker
     with pytest.raises(ValueError):
         CorrectnessReward("number", format_reward=1.5)
@@ -168,8 +169,8 @@ def test_threads_share_the_worker_and_pathological_input_times_out(runner: Bound
         assert got == [c[2] for c in cases]
         timeouts_before = runner.timeouts
         start = time.perf_counter()
-        # sympy would evaluate a tower of powers for ever; scored from a worker thread
+        # sympy would evaluate a tower of powers for ever: the pre-screen refuses it without the verifier
         value = pool.submit(reward, "\\boxed{9^{9^{9^{9}}}}", Problem(0, "q", "3")).result()
-        assert value == 0.0 and time.perf_counter() - start < 1.0 + 3.0
-    assert runner.timeouts == timeouts_before + 1 and reward.counters()["timeouts"] == 1
+        assert value == 0.0 and time.perf_counter() - start < 0.5
+    assert runner.timeouts == timeouts_before and reward.counters()["prescreened"] == 1
     assert reward.counters()["math_verify"] == 4 and reward.counters()["numeric"] == 1  # 4 vs 5: plain numbers

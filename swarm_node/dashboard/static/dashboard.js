@@ -68,16 +68,19 @@ function drawTable(peers, serverTime) {
   body.replaceChildren();
   for (const p of peers) {
     const m = p.metrics;
-    const drops = Object.entries(m).filter(([k]) => k.startsWith("dropped_")).reduce((a, [, v]) => a + (v || 0), 0);
+    // dropped_<reason> counts one step; total_dropped_<reason> since the node started
+    const drops = Object.entries(m).filter(([k]) => k.startsWith("total_dropped_")).reduce((a, [, v]) => a + (v || 0), 0);
     const cells = [
       shortId(p.peer_id), p.model_id, p.step, fmt(m.reward_mean), fmt(m.accuracy),
       fmt(m.own_samples, 0), fmt(m.peer_samples_used, 0),
       `${fmt(m.filtered_nonpositive_advantage, 0)} / ${fmt(m.filtered_kl, 0)}`, fmt(drops, 0),
-      fmt(m.tokens_per_s, 1), `${Math.max(0, serverTime - p.last_seen).toFixed(0)} s ago`,
+      fmt(m.tokens_per_s, 1), p.warning ? `${fmt(m.live_peers, 0)} ⚠ ${p.warning}` : fmt(m.live_peers, 0),
+      `${Math.max(0, serverTime - p.last_seen).toFixed(0)} s ago`,
     ];
     const tr = document.createElement("tr");
     tr.dataset.peer = p.peer_id;
     if (!p.present) tr.className = "absent";
+    else if (p.warning) tr.className = "warn";
     cells.forEach((text, i) => {
       const td = document.createElement("td");
       if (i === 0) {
