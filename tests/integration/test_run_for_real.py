@@ -156,6 +156,7 @@ def node_dirs(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.glob("node*") if p.is_dir())
 
 
+@pytest.mark.slow  # ~1.5 min; the default run has local + Ctrl-C in test_local_swarm.py
 def test_local_forwards_sigterm_and_every_node_checkpoints(tmp_path, cache):
     p, run_dir, out = start_local(tmp_path, cache)
     try:
