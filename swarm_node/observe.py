@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich import box
 from rich.table import Table
 
 from swarm_node.config import SwarmConfig
@@ -105,12 +106,14 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
-    table = Table(title=f"swarm: {len(rows)} live peers")
-    for col in ("peer", "model", "step", "reward", "acc", "peer used", "filtered", "tok/s", "peers", "age"):
+    # No outer border (a title glued to a border reads badly in logs); a rule under the header only.
+    table = Table(title=f"swarm: {len(rows)} live peers", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("peer", "model", "step", "reward", "acc", "used", "filt", "tok/s", "peers", "age"):
         table.add_column(col, justify="left" if col in ("peer", "model") else "right")
     warnings = []
     for r in rows:
-        table.add_row(r["peer_id"][:12] + "…", r["model_id"], str(r["step"]), _fmt(r["reward"], ".3f"),
+        table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], str(r["step"]), _fmt(r["reward"], ".3f"),
                       _fmt(r["accuracy"], ".3f"), _fmt(r["peer_samples_used"], ".0f"),
                       _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
                       f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)
