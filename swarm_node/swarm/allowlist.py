@@ -16,11 +16,12 @@ from pathlib import Path
 from hivemind.utils.crypto import RSAPublicKey
 
 from swarm_node.atomic import atomic_write_bytes
+from swarm_node.errors import InputError
 from swarm_node.swarm.identity import NodeIdentity
 
 
-class AllowListError(ValueError):
-    """An allow-list file that cannot be read or does not verify against the operator key."""
+class AllowListError(InputError):
+    """An allow-list file that cannot be read or does not verify against the operator key (one line, exit 2)."""
 
 
 def _signing_bytes(swarm_id: str, peers: list[str]) -> bytes:
