@@ -12,28 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node import lifecycle
-from swarm_node.cli import app
+from tests.cli_run import _restore_signals, run  # noqa: F401 (an autouse fixture)
 
 TINY = ["-s", "model.name=tiny-random:64x1:a", "-s", "generation.group_size=2", "-s", "generation.max_new_tokens=4",
         "-s", "train.prompts_per_step=1"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-    lifecycle.reset()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, list[str]]:
-    """(exit code, stdout, stderr lines) of `swarm-node argv...`."""
-    with pytest.raises(SystemExit) as exc:
-        app(list(argv))
-    out, err = capsys.readouterr()
-    return exc.value.code, out, [ln for ln in err.splitlines() if ln.strip()]
 
 
 def error_line(err: list[str]) -> str:

@@ -6,33 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 from pathlib import Path
 
 import pytest
 
-from swarm_node import lifecycle
-from swarm_node.cli import app
+from tests.cli_run import _restore_signals, run  # noqa: F401 (an autouse fixture)
 from swarm_node.metrics import latest_run, read_metrics_jsonl, supersede_after
 
 TINY = ["-s", "generation.group_size=2", "-s", "generation.max_new_tokens=4", "-s", "train.prompts_per_step=1",
         "-s", "checkpoint.every_steps=2", "-s", "checkpoint.keep=3"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_signals():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
-    lifecycle.reset()
-
-
-def run(capsys, *argv: str) -> tuple[int, str, list[str]]:
-    with pytest.raises(SystemExit) as exc:
-        app(list(argv))
-    out, err = capsys.readouterr()
-    return exc.value.code, out, [ln for ln in err.splitlines() if ln.strip()]
 
 
 def steps(path: Path) -> list[int]:
