@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STEPS ?= 
 ARGS ?=
 
-.PHONY: run test test-slow test-vllm test-multihost bench env env-vllm clean
+.PHONY: run test test-slow test-vllm test-multihost docker-test gpu-resolve bench env env-vllm clean
 
 env:
 	@scripts/setup_env.sh $(VENV) dev
@@ -27,6 +27,14 @@ test-slow: env  # pytest exits 5 when no test is marked slow: that is not a fail
 
 test-vllm: env-vllm
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_VENV)/bin/python -m pytest -q -m vllm tests/vllm $(ARGS)
+
+# The Docker image and the compose stack end to end (root; installs docker.io itself; skips with
+# the reason where no engine can run), after checking that the GPU variant resolves as tested.
+docker-test:
+	scripts/docker_test.sh
+
+gpu-resolve:
+	scripts/docker_gpu_resolve.sh
 
 test-multihost: env  # hosts as network namespaces (root; skips with its reason otherwise), ~10 min
 	tests/multihost/setup.sh

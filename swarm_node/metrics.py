@@ -270,6 +270,46 @@ def read_metrics_jsonl(path: Path | str) -> list[dict[str, float]]:
     return records
 
 
+def latest_run(records: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The last run of each step: a node resumed from an older checkpoint logs steps it had logged
+    before; a step number that does not increase starts a new run, whose rows supersede every
+    earlier row of that step or later. Rows without a step are kept in order."""
+    kept: list[dict[str, float]] = []
+    for row in records:
+        step = row.get(STEP)
+        if step is not None:
+            kept = [r for r in kept if r.get(STEP) is None or float(r[STEP]) < float(step)]
+        kept.append(row)
+    return kept
+
+
+def supersede_after(path: Path | str, step: int) -> int:
+    """A node resuming at `step`: move the rows of later steps (from a run whose weights were lost)
+    to `<name>.superseded.jsonl` next to the log, so the log holds one row per step. Both files are
+    rewritten atomically (the superseded file first, so no row is ever lost). Returns rows moved."""
+    from swarm_node.atomic import atomic_write_text
+
+    path = Path(path)
+    if not path.exists():
+        return 0
+    _truncate_partial_tail(path)
+    lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    keep, moved = [], []
+    for ln in lines:
+        try:
+            later = float(json.loads(ln).get(STEP, 0)) > step
+        except (ValueError, AttributeError):
+            later = False  # not ours to judge: keep it where it is
+        (moved if later else keep).append(ln)
+    if not moved:
+        return 0
+    old = path.with_name(path.stem + ".superseded" + path.suffix)
+    previous = old.read_text(encoding="utf-8") if old.exists() else ""
+    atomic_write_text(old, previous + "".join(ln + "\n" for ln in moved))
+    atomic_write_text(path, "".join(ln + "\n" for ln in keep))
+    return len(moved)
+
+
 def finite_or_none(value: float) -> float | None:
     """JSON for browsers has no NaN/Infinity: map them to null."""
     return value if math.isfinite(value) else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.live import Live
+from rich import box
 from rich.table import Table
 
 from swarm_node.config import SwarmConfig
@@ -27,10 +27,12 @@ from swarm_node.health import alone_warning
 
 
 def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM (installed after the DHT starts, so it is ours)."""
+    """An event set by SIGINT or SIGTERM (through `lifecycle`, so the command exits 130/143)."""
+    from swarm_node import lifecycle
+
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    lifecycle.install_signal_handlers()
+    lifecycle.on_stop(lambda _signum: stop.set())
     return stop
 
 
@@ -55,20 +57,23 @@ def read_and_remember(exchange: Any, timeout: float) -> list[Any]:
 
 
 def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path | None = None, *,
-                     self_heal: bool = True) -> tuple[Any, Any]:
+                     self_heal: bool = True, timeout: float = 60.0) -> tuple[Any, Any]:
     """A client-mode DHT peer plus an exchange to read status records. Returns (transport, exchange).
+    Joining waits at most `timeout` seconds (one attempt): an observer should answer quickly.
 
     Without `node_dir` the identity is a fresh key in a temporary folder, removed once the DHT is up."""
+    from swarm_node.lifecycle import start_torch_shm_manager
     from swarm_node.swarm.dht import HivemindTransport
     from swarm_node.swarm.exchange import RolloutExchange
     from swarm_node.swarm.identity import load_node_identity
 
     cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=list(initial_peers), client_mode=True)
+    start_torch_shm_manager()  # see its docstring
     scratch = None if node_dir is not None else tempfile.mkdtemp(prefix="swarm-node-observer-")
     try:
         transport = HivemindTransport(
             load_node_identity(Path(node_dir or scratch)), swarm_id, initial_peers=cfg.initial_peers,
-            client_mode=True, startup_timeout=cfg.startup_timeout_s, start_attempts=1, self_heal=self_heal)
+            client_mode=True, startup_timeout=timeout, start_attempts=1, self_heal=self_heal)
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -101,12 +106,14 @@ def _fmt(v: Any, spec: str) -> str:
 
 
 def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
-    table = Table(title=f"swarm: {len(rows)} live peers")
-    for col in ("peer", "model", "step", "reward", "acc", "peer used", "filtered", "tok/s", "peers", "age"):
+    # No outer border (a title glued to a border reads badly in logs); a rule under the header only.
+    table = Table(title=f"swarm: {len(rows)} live peers", title_justify="left", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in ("peer", "model", "step", "reward", "acc", "used", "filt", "tok/s", "peers", "age"):
         table.add_column(col, justify="left" if col in ("peer", "model") else "right")
     warnings = []
     for r in rows:
-        table.add_row(r["peer_id"][:12] + "…", r["model_id"], str(r["step"]), _fmt(r["reward"], ".3f"),
+        table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], str(r["step"]), _fmt(r["reward"], ".3f"),
                       _fmt(r["accuracy"], ".3f"), _fmt(r["peer_samples_used"], ".0f"),
                       _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
                       f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)
@@ -119,7 +126,7 @@ def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
 
 def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, watch: bool,
                interval: float, timeout: float) -> None:
-    transport, exchange = connect_observer(initial_peers, swarm_id, self_heal=watch)
+    transport, exchange = connect_observer(initial_peers, swarm_id, self_heal=watch, timeout=timeout)
     console = Console()
     try:
         if as_json and not watch:

@@ -6,6 +6,9 @@ node directory passed on its own works too). The report goes next to them:
     RUN_DIR/report/summary.md       per-node table + links to the plots
     RUN_DIR/report/<plot>.png       reward, accuracy, filtered fraction, KL, importance weights
 
+Each node's log is read as its last run of each step (`metrics.latest_run`): rows of steps a
+resumed node ran again are superseded by the new ones, so no step counts twice.
+
 Numbers in the table (pure functions below, so tests can check them by hand):
   steps                number of step records
   reward first/last    mean of `reward_mean` over the first / last `window` records that have it
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from swarm_node import metrics as m
+from swarm_node.errors import InputError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -159,10 +163,11 @@ def write_report(run_dir: Path | str, out_dir: Path | str | None = None, window:
     run_dir = Path(run_dir)
     files = find_metrics_files(run_dir)
     if not files:
-        raise FileNotFoundError(f"no {METRICS_FILE} under {run_dir}")
+        raise InputError(f"no {METRICS_FILE} under {run_dir}: no node has logged a step there",
+                         "pass the run directory of `swarm-node local` or a node directory after a step")
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    runs = {name: m.read_metrics_jsonl(path) for name, path in files.items()}
+    runs = {name: m.latest_run(m.read_metrics_jsonl(path)) for name, path in files.items()}
     rows = [summarize(name, records, window) for name, records in runs.items()]
     plotted = [stem for stem, spec in PLOTS.items() if plot_metric(out / f"{stem}.png", runs, spec)]
     missing = [stem for stem in PLOTS if stem not in plotted]

@@ -189,11 +189,12 @@ def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, ste
     overlaps generation). `own_groups` sets the peer cap (`peer_group_cap`)."""
     sw = parts.config.swarm
     verifier = peer_verifier(parts)
+    # Fetch no more than the step can use: groups over the peer cap would be fetched for nothing.
+    max_groups = peer_group_cap(own_groups, sw.max_peer_fraction, sw.max_peer_groups_per_step)
     groups, fetch_drops = parts.exchange.fetch_groups(
-        current_window=window, staleness_windows=sw.staleness_steps, max_groups=sw.max_peer_groups_per_step,
+        current_window=window, staleness_windows=sw.staleness_steps, max_groups=max_groups,
         max_per_peer=sw.max_groups_per_peer, timeout=sw.fetch_timeout_s, rng=random.Random(seed))
     drops: Counter[str] = Counter(fetch_drops)
-    max_groups = peer_group_cap(own_groups, sw.max_peer_fraction, sw.max_peer_groups_per_step)
     return peer_samples(parts, groups, max_groups, drops, step, verifier), drops
 
 
@@ -222,6 +223,9 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         batch.verify_seconds += verdict.seconds
         if verdict.rewards is None:
             drops[verdict.reason or VERIFY_BUDGET] += 1
+            admission = getattr(parts.exchange, "admission", None)
+            if verdict.blamed and admission is not None:
+                admission.record(group.sender, verdict.reason or VERIFIER_TIMEOUT)  # lowers its share
             if verdict.blamed and rejects is not None:
                 rejects.add(record_id, verdict.reason or VERIFIER_TIMEOUT)
             continue

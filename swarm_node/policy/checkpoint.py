@@ -20,10 +20,12 @@ next save or load. Only the newest `CheckpointConfig.keep` checkpoints are kept.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from swarm_node.atomic import atomic_replace_dir, atomic_write_text
-from swarm_node.config import NodeConfig
+from swarm_node.config import ModelConfig, NodeConfig
+from swarm_node.errors import InputError, RuntimeFailure
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -98,40 +103,131 @@ def latest_checkpoint(node_dir: Path) -> Path | None:
 
 
 def load_latest_checkpoint(node_dir: Path, trainer: Any) -> tuple[int, dict[str, Any]] | None:
-    """Restore weights, optimizer, step and RNG states from the newest checkpoint into `trainer`.
+    """Restore weights, optimizer, step and RNG states from the newest intact checkpoint into `trainer`.
 
-    Returns (step, extra), or None when there is no checkpoint. Raises ValueError when the
-    checkpoint belongs to another model (id, tokenizer, or LoRA/full mismatch)."""
+    Returns (step, extra), or None when there is no checkpoint. A damaged checkpoint (unreadable
+    or missing file) is skipped with a warning naming it, and the next older one is tried; when
+    every checkpoint is damaged, raises `errors.RuntimeFailure`. Raises `errors.InputError` when
+    the checkpoint belongs to another model (id, tokenizer, or LoRA/full mismatch): the node
+    directory is not this node's. Nothing is applied to `trainer` until a checkpoint has been
+    read completely."""
     root = Path(node_dir) / CHECKPOINTS
     if root.is_dir():
         _remove_partial(root)
-    path = latest_checkpoint(node_dir)
-    if path is None:
-        return None
-    meta = json.loads((path / "meta.json").read_text())
-    policy = trainer.policy
+    newest = latest_checkpoint(node_dir)
+    candidates = list(reversed(list_checkpoints(node_dir)))
+    if newest is not None and newest in candidates:
+        candidates.remove(newest)
+        candidates.insert(0, newest)
+    elif newest is not None:
+        candidates.insert(0, newest)
+    skipped: list[str] = []
+    for path in candidates:
+        try:
+            loaded = _read_checkpoint(path, trainer.policy)
+        except CheckpointDamaged as e:
+            log.warning("skipping damaged checkpoint %s: %s", path, e)
+            skipped.append(f"{path.name} ({e})")
+            continue
+        meta, weights, trainer_state, rng, extra = loaded
+        _copy_weights(weights, trainer.policy)
+        trainer.load_state_dict(trainer_state)
+        _set_rng_state(rng)
+        if skipped:
+            log.warning("resumed from %s after skipping %d damaged checkpoint(s): %s", path.name, len(skipped),
+                        "; ".join(skipped))
+        return int(meta["step"]), extra
+    if skipped:
+        raise RuntimeFailure(f"every checkpoint in {root} is damaged: {'; '.join(skipped)}",
+                             f"move {root} away to start from step 0, or restore a checkpoint from a backup")
+    return None
+
+
+class CheckpointDamaged(ValueError):
+    """A checkpoint directory whose files cannot be read back."""
+
+
+class CheckpointMismatch(InputError, ValueError):
+    """The checkpoint was made by another model: this node directory is not this node's."""
+
+
+def _read_checkpoint(path: Path, policy: Any) -> tuple[dict, dict, dict, dict, dict]:
+    """Everything a checkpoint holds, read and checked, before anything is applied."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+        step = int(meta["step"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointDamaged(f"meta.json: {_short(e)}") from e
     expected = {"model_id": policy.model_id, "fingerprint": policy.fingerprint, "is_lora": policy.is_lora}
     for key, value in expected.items():
         if meta.get(key) != value:
-            raise ValueError(f"checkpoint {path} has {key}={meta.get(key)!r}, this node has {value!r}")
-    load_weights(path, policy)
-    trainer.load_state_dict(torch.load(path / "trainer.pt", map_location=policy.device, weights_only=True))
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
-    extra = json.loads((path / "extra.json").read_text())
-    return int(meta["step"]), extra
+            raise CheckpointMismatch(f"checkpoint {path} has {key}={meta.get(key)!r}, this node has {value!r}",
+                             "pass another --node-dir, or the model.name/model.lora the checkpoint was made with")
+    parts: list[Any] = []
+    for name, read in (("weights.safetensors", lambda p: load_file(str(p))),
+                       ("trainer.pt", lambda p: torch.load(p, map_location=policy.device, weights_only=True)),
+                       ("rng.pt", lambda p: torch.load(p, weights_only=True)),
+                       ("extra.json", lambda p: json.loads(p.read_text()))):
+        try:
+            parts.append(read(path / name))
+        except Exception as e:  # noqa: BLE001  (safetensors, pickle and zip raise many types on damage)
+            raise CheckpointDamaged(f"{name}: {_short(e)}") from e
+    weights, trainer_state, rng, extra = parts
+    _check_weight_names(path, weights, policy)
+    meta["step"] = step
+    return meta, weights, trainer_state, rng, extra
 
 
-def load_weights(path: Path, policy: Any) -> None:
-    """Copy a checkpoint's trainable weights into `policy.model` (names must match exactly)."""
-    saved = load_file(str(Path(path) / "weights.safetensors"))
+def _short(e: BaseException) -> str:
+    return " ".join(str(e).split())[:160] or type(e).__name__
+
+
+def _check_weight_names(path: Path, saved: dict[str, torch.Tensor], policy: Any) -> None:
     params = dict(policy.trainable_parameters())
     if set(saved) != set(params):
         missing, unexpected = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-        raise ValueError(f"checkpoint {path} weights do not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+        raise CheckpointDamaged(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def _copy_weights(saved: dict[str, torch.Tensor], policy: Any) -> None:
     with torch.no_grad():
-        for name, param in params.items():
+        for name, param in policy.trainable_parameters():
             param.copy_(saved[name].to(device=param.device, dtype=param.dtype))
+
+
+def load_weights(path: Path, policy: Any) -> None:
+    """Copy a checkpoint's trainable weights into `policy.model` (names must match exactly).
+    Raises `errors.InputError` naming the checkpoint when it is missing, damaged or of another model."""
+    file = Path(path) / "weights.safetensors"
+    if not file.is_file():
+        raise InputError(f"{path} is not a checkpoint (no weights.safetensors)",
+                         "pass a directory like NODE_DIR/checkpoints/step-00000012")
+    try:
+        saved = load_file(str(file))
+        _check_weight_names(Path(path), saved, policy)
+    except Exception as e:  # noqa: BLE001  (safetensors raises several types on damage)
+        raise InputError(f"checkpoint {path} cannot be loaded: {_short(e)}",
+                         "pick another checkpoint (or the model it was trained from)") from e
+    _copy_weights(saved, policy)
+
+
+def checkpoint_model_config(path: Path, base: ModelConfig) -> ModelConfig:
+    """The model a checkpoint was trained from (name, revision, LoRA settings from its config.toml),
+    on `base`'s device, dtype and cache. Raises `errors.InputError` for a directory that is not a
+    readable checkpoint."""
+    path = Path(path)
+    if not (path / "weights.safetensors").is_file() or not (path / "config.toml").is_file():
+        raise InputError(f"{path} is not a checkpoint (it needs weights.safetensors and config.toml)",
+                         "pass a directory like NODE_DIR/checkpoints/step-00000012")
+    try:
+        with open(path / "config.toml", "rb") as f:
+            recorded = tomllib.load(f).get("model", {})
+        model = ModelConfig.model_validate({**recorded, "device": base.device, "dtype": base.dtype,
+                                            "cache_dir": base.cache_dir})
+    except (OSError, ValueError) as e:  # TOML and pydantic errors are ValueErrors
+        raise InputError(f"checkpoint {path} has an unreadable config.toml ({_short(e)})",
+                         "pick another checkpoint") from e
+    return model
 
 
 def _rng_state() -> dict[str, Any]:

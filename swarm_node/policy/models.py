@@ -148,8 +148,22 @@ def _hub_or_local(cfg: ModelConfig) -> tuple[Path, str, str | None]:
         return path.resolve(), str(path.resolve()), None
     from huggingface_hub import snapshot_download
 
-    local = snapshot_download(cfg.name, revision=cfg.revision,
-                              allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    try:
+        local = snapshot_download(cfg.name, revision=cfg.revision,
+                                  allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+    except Exception as e:  # noqa: BLE001  (hub client errors: not found, gated, offline, no cache)
+        from swarm_node.errors import InputError
+
+        reason = " ".join(str(e).split()).split(". ")[0][:160]
+        raise InputError(
+            f"model.name {cfg.name!r} is not a local directory and could not be fetched from the Hugging Face hub "
+            f"({type(e).__name__}: {reason})",
+            "check the id (owner/name) and the network, or pass a local model directory or smollm2-135m") from e
+    if not (Path(local) / "config.json").is_file():
+        from swarm_node.errors import InputError
+
+        raise InputError(f"hub repository {cfg.name!r} has no config.json: not a transformers model",
+                         "pass a causal language model id, e.g. Qwen/Qwen2.5-0.5B-Instruct")
     return Path(local), cfg.name, cfg.revision
 
 

@@ -4,8 +4,10 @@
   fix, a parent-death watchdog and lazy peer-id encoding) and the coroutines it runs.
 * Validators (validators.py): hivemind's `RSASignatureValidator` (verdicts cached; owned subkeys
   `[owner:<public key>]`, signed with the node's identity key), a pydantic.v1 `SchemaValidator`
-  on the index and status keys, and `SwarmRecordValidator` (owned subkeys only, blobs under the
-  hash of their own bytes).
+  on the index and status keys, `SwarmRecordValidator` (owned subkeys only, blobs under the
+  hash of their own bytes, expirations at most `max_ttl_s` ahead) and `OwnedRecordValidator`
+  (owned records only under scheduled keys, decoding as the key's kind of message); the
+  replica's storage caps subkeys and bytes per key and per peer (`CappedStorage`).
 * Batched calls: each transport call runs one coroutine inside the DHT process (`get_many` /
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
 * Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
@@ -37,6 +39,7 @@ from swarm_node.swarm.dht_process import (
     get_many_in_dht,
     health_in_dht,
     redial_in_dht,
+    refusals_in_dht,
     store_many_in_dht,
 )
 from swarm_node.swarm.identity import NodeIdentity
@@ -58,6 +61,8 @@ from swarm_node.swarm.validators import (
     CachedRSASignatureValidator,
     OwnedKeySchedule,
     ScheduledKeySchemaValidator,
+    DEFAULT_MAX_TTL_S,
+    OwnedRecordValidator,
     SwarmRecordValidator,
     owner_of_subkey,
 )
@@ -79,6 +84,8 @@ class HivemindTransport(Transport):
     Startup waits at most `startup_timeout` per attempt, `start_attempts` attempts, then raises
     SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
     cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
+    max_ttl_s: records expiring later than now + this are refused. storage_caps: (subkeys per key,
+    bytes per key, bytes per peer) this replica stores at most (None: uncapped).
     """
 
     def __init__(
@@ -99,6 +106,8 @@ class HivemindTransport(Transport):
         num_replicas: int = 5,
         cache_nearest: int = 0,
         check_identity_free: bool | None = None,
+        max_ttl_s: float = DEFAULT_MAX_TTL_S,
+        storage_caps: tuple[int, int, int] | None = (256, 256 << 10, 256 << 10),
         self_heal: bool = True,
         reachability: str | None = None,
     ) -> None:
@@ -115,10 +124,10 @@ class HivemindTransport(Transport):
         self._maddrs_at: float | None = None
         validators: list[RecordValidatorBase] = [
             CachedRSASignatureValidator(identity.private_key),
-            SwarmRecordValidator(swarm_id),
+            SwarmRecordValidator(swarm_id, max_ttl_s),
         ]
         if owned_keys is not None:
-            validators.append(ScheduledKeySchemaValidator(owned_keys))
+            validators += [ScheduledKeySchemaValidator(owned_keys), OwnedRecordValidator(swarm_id, owned_keys)]
         self._subkey = validators[0].local_public_key
         kwargs = dict(
             initial_peers=self._initial_peers,
@@ -144,7 +153,7 @@ class HivemindTransport(Transport):
             cache_on_store=False,
             startup_timeout=startup_timeout,
         )
-        self._dht = self._start(kwargs, startup_timeout, start_attempts)
+        self._dht = self._start(kwargs, startup_timeout, start_attempts, storage_caps)
         self._closed = False
         self.membership = MembershipKeeper(self, self._initial_peers)
         if self_heal:
@@ -168,13 +177,17 @@ class HivemindTransport(Transport):
             owned_keys=owned_key_schedule(cfg.swarm_id, cfg.window_seconds, cfg.staleness_steps),
             startup_timeout=cfg.startup_timeout_s,
             start_attempts=cfg.start_attempts,
+            max_ttl_s=cfg.max_record_ttl_s,
+            storage_caps=(cfg.max_subkeys_per_key, cfg.max_bytes_per_key, cfg.max_bytes_per_peer),
             **overrides,
         )
 
-    def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int) -> PipeFixedDHT:
+    def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int,
+               storage_caps: tuple[int, int, int] | None) -> PipeFixedDHT:
         errors = []
         for attempt in range(1, max(1, attempts) + 1):
             dht = PipeFixedDHT(start=False, **kwargs)
+            dht.storage_caps = storage_caps
             dht.run_in_background(await_ready=False)
             try:
                 dht.wait_until_ready(timeout=timeout)
@@ -386,6 +399,11 @@ class HivemindTransport(Transport):
                 out.failed[d] = reason
                 self.drops.add(reason)
         return out
+
+    def dht_refusals(self, timeout: float = 5.0) -> dict[str, int]:
+        """Records this node's DHT process refused so far (store and read), by reason."""
+        self._check_open()
+        return self._call(refusals_in_dht, timeout) or {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def _check_open(self) -> None:

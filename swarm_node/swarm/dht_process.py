@@ -100,10 +100,15 @@ class PipeFixedDHT(hivemind.DHT):
     encoding (see module doc)."""
 
     parent_check_interval = 1.0
+    storage_caps: tuple[int, int, int] | None = None  # (subkeys per key, bytes per key, bytes per peer)
 
     def run(self) -> None:
         _lazy_peer_id_base58()
         _daemons_die_with_this_process()
+        if self.storage_caps is not None:
+            from swarm_node.swarm.validators import CappedStorage
+
+            CappedStorage.install(*self.storage_caps)
         self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
@@ -140,6 +145,18 @@ async def get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, t
     for fut in pending:
         fut.cancel()
     return {k: f.result() for k, f in futures.items() if f in done and not f.cancelled() and f.exception() is None}
+
+
+async def refusals_in_dht(_dht: Any, node: Any) -> dict[str, int]:
+    """Runs in the DHT process: records refused so far by reason (validators and storage caps)."""
+    from swarm_node.swarm.validators import CappedStorage
+
+    counts: dict[str, int] = {}
+    sources = [getattr(v, "refusals", None) for v in getattr(node.protocol.record_validator, "_validators", ())]
+    for log in [*sources, CappedStorage.refusals]:
+        for reason, n in (log.counts.items() if log is not None else ()):
+            counts[reason] = counts.get(reason, 0) + n
+    return counts
 
 
 async def store_many_in_dht(_dht: Any, node: Any, keys: list[str], values: list[bytes], expiration: float,

@@ -17,7 +17,9 @@ REASON constants and `protocol.validate` reasons).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
-`group_filter` hook lets the caller add checks that return a drop reason.
+`group_filter` hook lets the caller add checks that return a drop reason. An `Admission`
+(admission.py) adds the bounded-influence rules; a gather that drops far more than it takes is
+logged (at most once a minute) as degraded exchange.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from protocol.messages import (
     RolloutIndex,
 )
 from protocol.validate import ValidationLimits, validate_group, validate_status
+from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.index import ShardedIndex, ShardRead
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
@@ -110,6 +113,8 @@ class RolloutExchange:
         tokenizer_fingerprint: str | None = None,
         group_filter: Callable[[RolloutGroup], str | None] | None = None,
         store_timeout: float = 10.0,
+        min_group_size: int = 1,
+        admission: Admission | None = None,
         index_peers_per_shard: int = 16,
         index_shards_per_read: int = 1,
     ) -> None:
@@ -120,10 +125,13 @@ class RolloutExchange:
         self.max_group_bytes = max_group_bytes
         self.group_filter = group_filter
         self.store_timeout = store_timeout
+        self.admission = admission
         self.limits = ValidationLimits(
             vocab_size=vocab_size, max_tokens_per_completion=max_new_tokens, max_group_size=max_group_size,
-            expected_swarm_id=swarm_id, expected_tokenizer_fingerprint=tokenizer_fingerprint,
+            min_group_size=min_group_size, expected_swarm_id=swarm_id,
+            expected_tokenizer_fingerprint=tokenizer_fingerprint,
         )
+        self._degraded = DegradedExchangeLog()
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
         self.drops = DropCounter()  # everything dropped so far (groups and status records)
         self.index = ShardedIndex(self.swarm_id, transport.peer_id, peers_per_shard=index_peers_per_shard,
@@ -154,6 +162,8 @@ class RolloutExchange:
                                       policy_version=group.policy_version, created_at=group.created_at))
             total_bytes += len(data)
             total_tokens += group.num_tokens
+        if self.admission is not None:
+            self.admission.remember_own(groups, window)
         merged = (self._published.get(window, []) + entries)[-MAX_INDEX_ENTRIES:]
         self._published[window] = merged
         # Chunks and the index that lists them go out in one batch (one DHT traversal).
@@ -232,6 +242,8 @@ class RolloutExchange:
         rng = rng or random.Random()
         drops = DropCounter()
         self._forget_before(current_window - staleness_windows)
+        if self.admission is not None:
+            self.admission.begin_gather()
         if max_groups <= 0 or max_per_peer <= 0:
             return [], drops
         windows = range(max(0, current_window - staleness_windows), current_window + 1)
@@ -240,7 +252,13 @@ class RolloutExchange:
         chosen = self._sample(candidates, max_groups, max_per_peer, rng)
         groups = self._fetch_chosen(chosen, deadline, current_window, staleness_windows, drops)
         self.drops.update(drops)
+        self._degraded.check(len(groups), drops)
         return groups, drops
+
+    def _drop(self, drops: DropCounter, reason: str, owner: str) -> None:
+        drops.add(reason)
+        if self.admission is not None:
+            self.admission.record(owner, reason)
 
     def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
                     exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
@@ -255,6 +273,10 @@ class RolloutExchange:
             for owner, item in records.items():
                 if exclude_self and owner == self.transport.peer_id:
                     continue
+                refused = self.admission.peer_reason(owner) if self.admission is not None else None
+                if refused is not None:
+                    drops.add(refused)
+                    continue
                 for c in self._index_candidates(owner, read, item.value, current, staleness, drops):
                     # an owner that changed level within a window is listed in two shards: once is enough
                     candidates.setdefault((owner, tuple(c.entry.chunk_digests)), c)
@@ -268,7 +290,7 @@ class RolloutExchange:
         if not self.index.belongs(owner, read):  # written into a shard its owner is not in
             record_id = (owner, read.key)
             if record_id not in self._bad_indexes:
-                drops.add(INDEX_MISMATCH)
+                self._drop(drops, INDEX_MISMATCH, owner)
                 self._bad_indexes[record_id] = window
             return []
         if record_id in self._bad_indexes:
@@ -286,7 +308,7 @@ class RolloutExchange:
             elif index.window != window:
                 reason = INDEX_MISMATCH
         if reason is not None:
-            drops.add(reason)
+            self._drop(drops, reason, owner)
             self._bad_indexes[record_id] = window
             return []
         out, listed = [], set()
@@ -295,12 +317,12 @@ class RolloutExchange:
             if digests in self._seen_digests:
                 continue  # taken (or rejected and counted) in an earlier gather: not new data
             if digests in listed:
-                drops.add(DUPLICATE)  # the same payload listed twice
+                self._drop(drops, DUPLICATE, owner)  # the same payload listed twice
                 continue
             listed.add(digests)
             reason = self._entry_reason(owner, entry, current, staleness)
             if reason is not None:
-                drops.add(reason)
+                self._drop(drops, reason, owner)
                 self._seen_digests[digests] = window
                 continue
             out.append(_Candidate(owner, window, entry))
@@ -315,7 +337,9 @@ class RolloutExchange:
             return INDEX_MISMATCH
         if (owner, entry.prompt_index, entry.policy_version) in self._seen_groups:
             return DUPLICATE
-        return self._age_reason(entry.created_at, current, staleness)
+        refused = (self.admission.entry_reason(owner, entry.prompt_index, entry.policy_version, entry.created_at)
+                   if self.admission is not None else None)
+        return refused or self._age_reason(entry.created_at, current, staleness)
 
     def _age_reason(self, created_at: float, current: int, staleness: int) -> str | None:
         try:
@@ -328,20 +352,12 @@ class RolloutExchange:
             return FUTURE
         return None
 
-    @staticmethod
-    def _sample(candidates: list[_Candidate], max_groups: int, max_per_peer: int,
+    def _sample(self, candidates: list[_Candidate], max_groups: int, max_per_peer: int,
                 rng: random.Random) -> list[_Candidate]:
-        rng.shuffle(candidates)
-        per_peer: dict[str, int] = {}
-        chosen = []
-        for c in candidates:
-            if len(chosen) >= max_groups:
-                break
-            if per_peer.get(c.owner, 0) >= max_per_peer:
-                continue
-            per_peer[c.owner] = per_peer.get(c.owner, 0) + 1
-            chosen.append(c)
-        return chosen
+        """Fair over identities first, then groups (admission.fair_sample), reputation-weighted."""
+        if self.admission is not None:
+            return self.admission.sample(candidates, max_groups, max_per_peer, rng)
+        return fair_sample(candidates, max_groups, max_per_peer, rng)
 
     def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
                       drops: DropCounter) -> list[RolloutGroup]:
@@ -361,14 +377,16 @@ class RolloutExchange:
                     continue
                 if failed[0] == FETCH_TIMEOUT:
                     del self._seen_digests[digests_c]  # may be fetched again next time
-                drops.add(failed[0])
+                self._drop(drops, failed[0], c.owner)
                 continue
             data = b"".join(fetched.found[d] for d in digests_c)
             reason, group = self._check_group(c, data, current, staleness)
             if reason is not None:
-                drops.add(reason)
+                self._drop(drops, reason, c.owner)
                 continue
             self._seen_groups[(group.sender, group.prompt.index, group.policy_version)] = c.window
+            if self.admission is not None:
+                self.admission.record(c.owner, None)
             groups.append(group)
         return groups
 
@@ -398,10 +416,13 @@ class RolloutExchange:
             extra = self.group_filter(group)
             if extra is not None:
                 return extra, None
-        return None, group
+        refused = self.admission.group_reason(group, c.window) if self.admission is not None else None
+        return (refused, None) if refused is not None else (None, group)
 
     def _forget_before(self, oldest_window: int) -> None:
         """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
         for table in (self._seen_digests, self._seen_groups, self._bad_indexes, self._missing_once):
             for k in [k for k, w in table.items() if w < oldest_window]:
                 del table[k]
+        if self.admission is not None:
+            self.admission.forget_before(oldest_window)

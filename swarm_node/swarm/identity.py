@@ -24,6 +24,7 @@ from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
 from swarm_node.atomic import atomic_write_bytes
+from swarm_node.errors import InputError
 
 IDENTITY_FILENAME = "identity.key"
 KEY_FILE_MODE = 0o600
@@ -92,8 +93,14 @@ def load_or_create_key(path: Path) -> NodeIdentity:
     if path.exists():
         mode = path.stat().st_mode & 0o777
         if mode & 0o077:
-            raise PermissionError(f"{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
-        return NodeIdentity(path=path, private_key=deserialize_private_key(path.read_bytes()))
+            raise InputError(f"key file {path} is readable by others (mode {mode:o})", f"run: chmod 600 {path}")
+        try:
+            key = deserialize_private_key(path.read_bytes())
+        except (ValueError, OSError) as e:
+            raise InputError(f"key file {path} is damaged or not a swarm-node key ({str(e).split('. ')[0][:120]})",
+                             "restore it from a backup, or move it away to start with a new identity "
+                             "(a new peer id)") from e
+        return NodeIdentity(path=path, private_key=key)
     key = RSAPrivateKey()
     atomic_write_bytes(path, serialize_private_key(key), mode=KEY_FILE_MODE)
     return NodeIdentity(path=path, private_key=key, created=True)

@@ -11,6 +11,20 @@ replica it asks, on every read, and replicas see each store again on every repub
 the RSA signature and the schema once per distinct record (key, subkey, value, expiration) keeps
 the DHT process's CPU for serving requests; both checks are pure functions of the record (the
 schema check of the record together with whether its key is scheduled as owned-only).
+
+Hygiene against hostile writers (DESIGN.md section 8), all pure functions of the record and DHT
+time, so they hold on store and on read alike:
+
+* `SwarmRecordValidator` refuses an expiration beyond now + `max_ttl_s` (a record cannot squat a
+  key for days, a ghost peer cannot sit at step 999999 for ever);
+* `OwnedRecordValidator` stores owned records only under keys of the swarm's key schedule (the
+  `OwnedKeySchedule`, e.g. `exchange.owned_key_schedule`, is the single source of truth) or under
+  the manifest key of the prompt set their value names; the value must decode as a bounded
+  message of the key's kind (`RolloutIndex` / `NodeStatus`) signed by its own sender.
+
+Caps that need the state of a replica (subkeys and bytes per key, bytes per peer) live in the
+storage (`CappedStorage`, installed in the DHT process). Refusals are counted and logged at
+most once a minute (`RefusalLog`), so a flood shows in the node's log.
 """
 
 from __future__ import annotations
@@ -18,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
@@ -26,18 +42,43 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils import get_dht_time
 
-from protocol import keys
+from protocol import codec, keys
+from protocol.messages import NodeStatus, PromptSetManifest, ProtocolError, RolloutIndex
 from swarm_node.swarm.identity import owner_id
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_digest
 
 logger = logging.getLogger(__name__)
 
 _OWNER_RE = re.compile(rb"^\[owner:(.+)\]$", re.DOTALL)
+_INDEX_KEY_RE = re.compile(r"/rollouts/(\d+)(?:/(\d+)\.(\d+))?$")
 OwnedKeySchedule = Callable[[float], Iterable[str]]
+DEFAULT_MAX_TTL_S = 3600.0
+MAX_OWNED_INDEX_ENTRIES = 256  # = exchange.MAX_INDEX_ENTRIES (a writer never lists more)
+
+
+class RefusalLog:
+    """Counts refused records by reason and logs a summary at most once per `interval_s`."""
+
+    def __init__(self, what: str, interval_s: float = 60.0) -> None:
+        self.what, self.interval_s = what, interval_s
+        self.counts: Counter[str] = Counter()
+        self._pending: Counter[str] = Counter()
+        self._logged_at = float("-inf")
+
+    def add(self, reason: str) -> None:
+        self.counts[reason] += 1
+        self._pending[reason] += 1
+        now = time.monotonic()
+        if now - self._logged_at >= self.interval_s:
+            summary = ", ".join(f"{k} {v}" for k, v in self._pending.most_common())
+            logger.warning("DHT refused %s (since last report): %s", self.what, summary)
+            self._pending.clear()
+            self._logged_at = now
 
 
 class VerdictCache:
@@ -109,36 +150,191 @@ class ScheduledKeySchemaValidator(SchemaValidator):
 
 
 class SwarmRecordValidator(RecordValidatorBase):
-    """Owned subkeys only, bounded sizes, and blobs that must hash to their own key.
+    """Owned subkeys only, bounded sizes and lifetimes, and blobs that must hash to their own key.
 
     A record without a subkey is valid only as `keys.chunk_key(swarm_id, sha256(value))`, so a
-    DHT runs one swarm's blobs (other swarms' chunks are refused, not mixed in).
+    DHT runs one swarm's blobs (other swarms' chunks are refused, not mixed in). No record may
+    expire later than `max_ttl_s` after now.
     """
 
-    def __init__(self, swarm_id: str) -> None:
+    def __init__(self, swarm_id: str, max_ttl_s: float = DEFAULT_MAX_TTL_S) -> None:
         self.swarm_id = keys.check_name(swarm_id)
+        self.max_ttl_s = max_ttl_s
+        self.refusals = RefusalLog("records")
 
     def validate(self, record: DHTRecord) -> bool:
+        reason = self._reason(record)
+        if reason is not None:
+            self.refusals.add(reason)
+        return reason is None
+
+    def _reason(self, record: DHTRecord) -> str | None:
+        if not record.expiration_time <= get_dht_time() + self.max_ttl_s:
+            return "expiration_too_far"
         try:
             value = DHTProtocol.serializer.loads(record.value)
         except Exception as e:  # network boundary: any undecodable peer record is simply invalid
             logger.debug("undecodable record value: %s", e)
-            return False
+            return "undecodable"
         if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
             if not isinstance(value, bytes) or len(value) > MAX_BLOB_BYTES:
-                return False
+                return "bad_blob"
             expected = DHTID.generate(source=keys.chunk_key(self.swarm_id, blob_digest(value))).to_bytes()
-            return expected == record.key
+            return None if expected == record.key else "blob_not_content_addressed"
         try:
             subkey = DHTProtocol.serializer.loads(record.subkey)
         except Exception:  # network boundary, as above
+            return "undecodable"
+        if not (isinstance(subkey, bytes) and _OWNER_RE.match(subkey) is not None):
+            return "unowned_subkey"
+        if not isinstance(value, bytes) or len(value) > MAX_RECORD_BYTES:
+            return "bad_owned_value"
+        return None
+
+
+class OwnedRecordValidator(RecordValidatorBase):
+    """Owned records only under the swarm's scheduled keys, holding a bounded message of the key's kind.
+
+    * the status key: a `NodeStatus` whose `peer_id` is the subkey's owner;
+    * any other scheduled key (rollout index windows and their shards, whatever else the schedule
+      declares): a `RolloutIndex` from the subkey's owner with at most `MAX_OWNED_INDEX_ENTRIES`
+      entries, of the key's own window, in a shard its owner belongs to (`keys.index_shard`);
+    * off the schedule: only a `PromptSetManifest` stored under the manifest key of the prompt set
+      it names (self-certifying, like chunks; its signature is checked by the loader).
+
+    Everything else with a subkey (another swarm's keys, arbitrary keys) is refused. Records without
+    a subkey are left to `SwarmRecordValidator` (chunks under the hash of their bytes).
+    """
+
+    def __init__(self, swarm_id: str, schedule: OwnedKeySchedule) -> None:
+        self.swarm_id = keys.check_name(swarm_id)
+        self._schedule = schedule
+        self._status_id = DHTID.generate(source=keys.status_key(swarm_id)).to_bytes()
+        self._raw_keys: dict[bytes, str] = {}
+        self._refreshed_at = -1.0
+        self._cache = VerdictCache()
+        self._limits = codec.Limits(max_encoded_bytes=MAX_RECORD_BYTES, max_index_entries=MAX_OWNED_INDEX_ENTRIES)
+        self.refusals = RefusalLog("owned records")
+
+    def validate(self, record: DHTRecord) -> bool:
+        if record.subkey in DHTProtocol.RESERVED_SUBKEYS:
+            return True  # a blob: SwarmRecordValidator's
+        now = get_dht_time()
+        if now - self._refreshed_at >= 1.0:
+            self._raw_keys = {key_id(k): k for k in self._schedule(now)}
+            self._refreshed_at = now
+        ok = self._cache.verdict(record, self._check)
+        if not ok:
+            self.refusals.add("off_schedule" if record.key not in self._raw_keys else "bad_owned_record")
+        return ok
+
+    def _check(self, record: DHTRecord) -> bool:
+        try:
+            subkey = DHTProtocol.serializer.loads(record.subkey)
+            value = DHTProtocol.serializer.loads(record.value)
+        except Exception:  # network boundary: undecodable is invalid
             return False
-        return (
-            isinstance(subkey, bytes)
-            and _OWNER_RE.match(subkey) is not None
-            and isinstance(value, bytes)
-            and len(value) <= MAX_RECORD_BYTES
-        )
+        owner = owner_of_subkey(subkey) if isinstance(subkey, bytes) else None
+        if owner is None or not isinstance(value, bytes):
+            return False
+        try:
+            message = codec.decode(value, self._limits)
+        except ProtocolError:
+            return False
+        raw = self._raw_keys.get(record.key)
+        if raw is None:
+            return isinstance(message, PromptSetManifest) and record.key == DHTID.generate(
+                source=keys.prompt_manifest_key(self.swarm_id, message.prompt_set_id)).to_bytes()
+        if record.key == self._status_id:
+            return isinstance(message, NodeStatus) and message.peer_id == owner
+        if not isinstance(message, RolloutIndex) or message.sender != owner:
+            return False
+        index_key = _INDEX_KEY_RE.search(raw)  # a window's index, or one shard of it
+        if index_key is None:
+            return True
+        window, level, shard = index_key.groups()
+        return int(window) == message.window and (
+            level is None or keys.index_shard(owner, int(level)) == int(shard))  # the owner's own shard
+
+    def merge_with(self, other: RecordValidatorBase) -> bool:
+        return False
+
+
+class CappedStorage(DHTLocalStorage):
+    """A replica's local storage with caps on owned records (subkeys), checked at store time:
+
+    at most `max_subkeys_per_key` live subkeys and `max_bytes_per_key` bytes under one key, and at
+    most `max_bytes_per_peer` bytes from one owner over all keys. A store into a full key evicts
+    records *larger* than itself, largest first, until it fits (index and status records of honest
+    nodes are small, so a flood of large records cannot lock them out of a key); otherwise it is
+    refused and answers False (the writer sees a failed store). Install with
+    `CappedStorage.install(...)` in the DHT process (hivemind's protocol builds its storage by name).
+    """
+
+    max_subkeys_per_key = 256
+    max_bytes_per_key = 256 << 10
+    max_bytes_per_peer = 256 << 10
+    refusals = RefusalLog("stores over a storage cap")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._by_owner: dict[bytes, dict[DHTID, tuple[int, float]]] = {}  # subkey -> key -> (bytes, expiration)
+
+    @classmethod
+    def install(cls, max_subkeys_per_key: int, max_bytes_per_key: int, max_bytes_per_peer: int) -> None:
+        """Make every DHT protocol created from now on (in this process) use capped storage."""
+        import hivemind.dht.protocol as protocol_module
+
+        cls.max_subkeys_per_key, cls.max_bytes_per_key = max_subkeys_per_key, max_bytes_per_key
+        cls.max_bytes_per_peer = max_bytes_per_peer
+        protocol_module.DHTLocalStorage = cls
+
+    def store_subkey(self, key: DHTID, subkey, value: bytes, expiration_time: float) -> bool:
+        reason = self._over_cap(key, subkey, len(value), expiration_time)
+        if reason is not None:
+            self.refusals.add(reason)
+            return False
+        stored = super().store_subkey(key, subkey, value, expiration_time)
+        if stored:
+            self._by_owner.setdefault(subkey, {})[key] = (len(value), expiration_time)
+            if len(self._by_owner) > 4 * self.max_subkeys_per_key:  # many identities: forget expired ones
+                now = get_dht_time()
+                self._by_owner = {sk: held for sk, held in self._by_owner.items()
+                                  if any(exp > now for _, exp in held.values())}
+        return stored
+
+    def _make_room(self, records: DictionaryDHTValue, subkey, size: int) -> str | None:
+        """Evict records larger than `size` (largest first) until one more of `size` fits under the key."""
+        others = sorted(((len(item.value), sk) for sk, item in records.items() if sk != subkey), reverse=True)
+        total = sum(n for n, _ in others)
+        evict = []
+        while others and (len(others) >= self.max_subkeys_per_key or total + size > self.max_bytes_per_key):
+            n, sk = others[0]
+            if n <= size:
+                return "subkeys_per_key" if len(others) >= self.max_subkeys_per_key else "bytes_per_key"
+            evict.append(sk)
+            others.pop(0)
+            total -= n
+        for sk in evict:
+            del records[sk]
+            self.refusals.add("evicted_for_smaller")
+        return None
+
+    def _over_cap(self, key: DHTID, subkey, size: int, expiration_time: float) -> str | None:
+        now = get_dht_time()
+        current = self.get(key)
+        if size > self.max_bytes_per_key:
+            return "bytes_per_key"
+        if current is not None and isinstance(current.value, DictionaryDHTValue):
+            reason = self._make_room(current.value, subkey, size)
+            if reason is not None:
+                return reason
+        held = self._by_owner.get(subkey, {})  # (an owner's records evicted elsewhere still count until they expire)
+        for k in [k for k, (_, exp) in held.items() if exp <= now]:
+            del held[k]
+        if size + sum(n for k, (n, _) in held.items() if k != key) > self.max_bytes_per_peer:
+            return "bytes_per_peer"
+        return None
 
 
 @lru_cache(maxsize=1 << 15)

@@ -118,7 +118,12 @@ def _take(rows: Iterable[Mapping[str, Any]], make: RowParser, limit: int | None)
     for i, row in enumerate(rows):
         if limit is not None and i >= limit:
             break
-        out.append(make(i, row))
+        if not isinstance(row, Mapping):
+            raise ValueError(f"row {i + 1} is not a JSON object")
+        try:
+            out.append(make(i, row))
+        except KeyError as e:
+            raise ValueError(f"row {i + 1} has no {e.args[0]!r} field (its fields: {', '.join(map(str, row))})") from e
     if not out:
         raise ValueError("the data source holds no problems")
     return tuple(out)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from protocol import codec, keys
-from protocol.messages import NodeStatus
+from protocol.messages import NodeStatus, RolloutIndex
 
 pytestmark = [pytest.mark.integration]
 
@@ -61,12 +61,14 @@ def test_three_dhts_exchange_groups(trio) -> None:
 def test_blobs_and_owned_record_in_one_batch(trio) -> None:
     a, b, _ = trio
     blobs = [os.urandom(3000 + i) for i in range(3)]
-    key = keys.rollout_index_key(SWARM, 7)
+    window = keys.window_of(a.dht_time(), 30.0) + 1  # (the current window's key holds an earlier test's index)
+    key = keys.rollout_index_key(SWARM, window)  # owned records live only under scheduled keys
+    index = codec.encode(RolloutIndex(sender=a.peer_id, window=window, entries=()))
     before = a.traffic.copy()
-    assert a.put_blobs_and_owned(blobs, key, b"index-bytes", a.dht_time() + 60)
+    assert a.put_blobs_and_owned(blobs, key, index, a.dht_time() + 60)
     assert a.traffic["records_stored"] - before["records_stored"] == 1
     assert a.traffic["blobs_stored"] - before["blobs_stored"] == 3
-    assert b.get_all(key, timeout=10)[a.peer_id].value == b"index-bytes"
+    assert b.get_all(key, timeout=10)[a.peer_id].value == index
     fetched = b.get_blobs([codec.content_digest(x) for x in blobs], timeout=10)
     assert sorted(fetched.found.values()) == sorted(blobs) and not fetched.failed
 

@@ -1,6 +1,6 @@
 """`swarm-node join` processes on loopback: kill -9 one mid-run, the other keeps training; the killed
 node restarts from its node directory as the same peer and continues its step counter; SIGTERM
-makes a node checkpoint and leave within a bound."""
+makes a node checkpoint and leave within a bound (exit 143)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,10 @@ def start(config: Path, log: Path) -> subprocess.Popen:
 
 
 def steps(node_dir: Path) -> list[int]:
-    path = node_dir / "metrics.jsonl"
+    return steps_in(node_dir / "metrics.jsonl")
+
+
+def steps_in(path: Path) -> list[int]:
     if not path.exists():
         return []
     out = []
@@ -111,14 +114,17 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         wait_for(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
         ids = peer_id_in(logs[0])
         assert len(ids) == 2 and ids[0] == ids[1], ids
-        resumed_first = steps(dirs[0])[len(before_restart)]
-        assert resumed_first == checkpoint_step + 1  # continued from the last checkpoint
+        # continued from the last checkpoint: the rows of the steps lost with the kill moved aside
+        # (metrics.superseded.jsonl), then the new run's rows from checkpoint_step + 1 on
+        resumed = steps(dirs[0])
+        assert resumed[: checkpoint_step + 1] == list(range(1, checkpoint_step + 2))
+        assert steps_in(dirs[0] / "metrics.superseded.jsonl") == before_restart[checkpoint_step:]
 
-        # SIGTERM: finish the step, checkpoint, leave the DHT, exit 0 within a bound.
+        # SIGTERM: finish the step, checkpoint, leave the DHT, exit 143 (128 + SIGTERM) within a bound.
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
-            assert p.wait(timeout=90) == 0
+            assert p.wait(timeout=90) == 143
         final = int((dirs[1] / "checkpoints" / "latest").read_text().strip().split("-")[-1])
         assert final == steps(dirs[1])[-1]
     finally:

@@ -21,6 +21,7 @@ from protocol.messages import Completion, IndexEntry, RolloutGroup, RolloutIndex
 from swarm_node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
+from swarm_node.tasks.prompts import select_prompts
 from tests.fakes import hash_reward
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
@@ -125,6 +126,11 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
                   ["swarm.max_groups_per_peer=32", "swarm.max_peer_groups_per_step=32", "swarm.max_peer_fraction=1.0"])
     victim = make("victim", "tiny-random:64x1:a")
     victim.run_step()
+    # This test is about every bad kind being counted: a reputation that never shrinks the evil
+    # peer's share (the default would stop fetching from it after its first faults).
+    from swarm_node.swarm.admission import Reputation
+
+    honest.parts.exchange.admission.reputation = Reputation(penalty=0.0, exclude_faults=float("inf"), trusted_after=0.0)
     cfg = node_config(tmp_path, "evil", "tiny-random:64x1", [f"swarm.initial_peers={list(bootstrap.visible_maddrs)!r}".replace("'", '"')])
     evil = start_transport(cfg.swarm, tmp_path / "evil")
     try:
@@ -132,12 +138,15 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
         window = keys.window_of(now, honest.cfg.swarm.window_seconds)
         exp = now + 120
         vocab = len(honest.parts.policy.tokenizer)
+        # Each group at its own policy version, on the prompt select_prompts assigns the evil peer there.
+        ps_size = len(honest.parts.prompt_set)
+        at = {v: select_prompts(me, v, 2, ps_size, salt=SWARM)[0] for v in range(1, 12)}
         bad_groups = {
-            "logprob_positive": _valid_group(honest, me, 1, 1, now, logprobs=np.array([0.5, -1, -1], np.float32)),
-            "logprob_nonfinite": _valid_group(honest, me, 2, 1, now, logprobs=np.array([np.nan, -1, -1], np.float32)),
-            "token_out_of_vocab": _valid_group(honest, me, 3, 1, now, tokens=np.array([1, vocab + 5, 2], np.uint32)),
-            "stale": _valid_group(honest, me, 4, 1, now, created_at=now - 3600),
-            "unknown_prompt": _valid_group(honest, me, 5, 1, now, sha="0" * 64),
+            "logprob_positive": _valid_group(honest, me, at[1], 1, now, logprobs=np.array([0.5, -1, -1], np.float32)),
+            "logprob_nonfinite": _valid_group(honest, me, at[2], 2, now, logprobs=np.array([np.nan, -1, -1], np.float32)),
+            "token_out_of_vocab": _valid_group(honest, me, at[3], 3, now, tokens=np.array([1, vocab + 5, 2], np.uint32)),
+            "stale": _valid_group(honest, me, at[4], 4, now, created_at=now - 3600),
+            "unknown_prompt": _valid_group(honest, me, at[5], 5, now, sha="0" * 64),
         }
         entries, blobs = [], []
 
@@ -150,14 +159,16 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
         for name, group in bad_groups.items():
             add(codec.encode(group), group.prompt.index, group.policy_version,
                 created_at=group.created_at)
-        add(b"\x93garbage that is not a message", 6, 1)                       # malformed
-        wrong_version = bytearray(codec.encode(_valid_group(honest, me, 7, 1, now)))
+        add(b"\x93garbage that is not a message", at[6], 6)                   # malformed
+        wrong_version = bytearray(codec.encode(_valid_group(honest, me, at[7], 7, now)))
         wrong_version[2] = 99
-        add(bytes(wrong_version), 7, 1)                                        # wrong protocol version
-        add(codec.encode(_valid_group(honest, me, 8, 1, now)), 8, 1, size=1 << 30)  # oversized claim
-        dup = codec.encode(_valid_group(honest, me, 9, 1, now))
-        add(dup, 9, 1)
-        add(dup + b"", 9, 1)                                                   # duplicate entry
+        add(bytes(wrong_version), at[7], 7)                                    # wrong protocol version
+        add(codec.encode(_valid_group(honest, me, at[8], 8, now)), at[8], 8, size=1 << 30)  # oversized claim
+        dup = codec.encode(_valid_group(honest, me, at[9], 9, now))
+        add(dup, at[9], 9)
+        add(dup + b"", at[9], 9)                                               # duplicate entry
+        picked = next(i for i in range(ps_size) if i not in select_prompts(me, 10, 2, ps_size, salt=SWARM))
+        add(codec.encode(_valid_group(honest, me, picked, 10, now)), picked, 10)  # a cherry-picked prompt
         for data in blobs:
             evil.put_blob(data, exp)
         assert evil.store_owned(keys.rollout_index_key(SWARM, window),
@@ -178,12 +189,12 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
         evil.shutdown()
     dropped = {k[len("dropped_"):]: v for k, v in m.items() if k.startswith("dropped_")}
     for reason in ["logprob_positive", "logprob_nonfinite", "token_out_of_vocab", "stale", "unknown_prompt",
-                   "decode_error", "bad_version", "oversized", "duplicate"]:
+                   "decode_error", "bad_version", "oversized", "duplicate", "wrong_prompt"]:
         assert dropped.get(reason, 0) >= 1, (reason, dropped)
     assert math.isfinite(m["loss"]) and m["own_samples"] == 8
-    # Only the one valid evil group (prompt 9, G=4 completions) may reach the optimizer.
+    # Only the one valid evil group (version 9, G=4 completions) may reach the optimizer.
     from_evil = [x for x in seen if x.source == me]
-    assert len(from_evil) <= 4 and all(x.group_key.endswith(":9") for x in from_evil)
+    assert len(from_evil) <= 4 and all(x.group_key.endswith(f":9:{at[9]}") for x in from_evil)
     assert forged is False
     victim_record = found.get(victim.parts.peer_id)
     if victim_record is not None:  # the victim published in this window: its index is its own

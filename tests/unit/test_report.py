@@ -88,5 +88,7 @@ def test_single_node_dir_and_missing_metric_plot(tmp_path):
 
 
 def test_empty_run_dir_raises(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    from swarm_node.errors import InputError
+
+    with pytest.raises(InputError, match="no metrics.jsonl under"):
         write_report(tmp_path)

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 
+from swarm_node.errors import InputError
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_digest
 from tests.fakes import Clock
@@ -119,7 +120,7 @@ def test_identity_refuses_world_readable_key(tmp_path) -> None:
 
     ident = load_or_create_key(tmp_path / "op.key")
     os.chmod(ident.path, 0o644)
-    with pytest.raises(PermissionError, match="chmod 600"):
+    with pytest.raises(InputError, match="chmod 600"):
         load_or_create_key(tmp_path / "op.key")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -14,11 +15,14 @@ from hivemind.dht.routing import DHTID  # noqa: E402
 from hivemind.dht.validation import CompositeValidator, DHTRecord  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 
-from protocol import keys  # noqa: E402
+from protocol import codec, keys  # noqa: E402
+from protocol.messages import NodeStatus  # noqa: E402
 from swarm_node.swarm.validators import (  # noqa: E402
     CachedRSASignatureValidator,
+    OwnedRecordValidator,
     ScheduledKeySchemaValidator,
     SwarmRecordValidator,
+    owner_of_subkey,
 )
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, blob_digest  # noqa: E402
 
@@ -34,10 +38,17 @@ def keys_pair() -> tuple[RSAPrivateKey, RSAPrivateKey]:
 def _validator(key: RSAPrivateKey) -> CompositeValidator:
     schedule = lambda now: [keys.status_key(SWARM)]  # noqa: E731
     return CompositeValidator([CachedRSASignatureValidator(key), SwarmRecordValidator(SWARM),
-                               ScheduledKeySchemaValidator(schedule)])
+                               ScheduledKeySchemaValidator(schedule), OwnedRecordValidator(SWARM, schedule)])
 
 
-def _record(key: str, subkey: object, value: object, exp: float = 2e9) -> DHTRecord:
+def _status(key: RSAPrivateKey, step: int = 1) -> bytes:
+    """An encoded NodeStatus of the owner of `key` (what the status key must hold)."""
+    peer = owner_of_subkey(RSASignatureValidator(key).local_public_key)
+    return codec.encode(NodeStatus(peer_id=peer, role="trainer", model_id="m", step=step, timestamp=1.0))
+
+
+def _record(key: str, subkey: object, value: object, exp: float | None = None) -> DHTRecord:
+    exp = time.time() + 60 if exp is None else exp
     sub = ser.dumps(subkey) if subkey is not None else DHTProtocol.IS_REGULAR_VALUE
     return DHTRecord(DHTID.generate(source=key).to_bytes(), sub, ser.dumps(value), exp)
 
@@ -50,9 +61,9 @@ def test_owned_record_signed_by_owner_is_valid(keys_pair) -> None:
     mine, theirs = keys_pair
     v, v_other = _validator(mine), _validator(theirs)
     owner = RSASignatureValidator(mine).local_public_key
-    rec = _signed(v, _record(keys.status_key(SWARM), owner, b"status-bytes"))
+    rec = _signed(v, _record(keys.status_key(SWARM), owner, _status(mine)))
     assert v.validate(rec) and v_other.validate(rec)  # any peer accepts the owner's record
-    tampered = dataclasses.replace(rec, value=rec.value.replace(b"status", b"statuz"))
+    tampered = dataclasses.replace(rec, value=rec.value.replace(b"trainer", b"trainex"))
     assert not v_other.validate(tampered)
 
 
@@ -60,11 +71,12 @@ def test_cannot_write_another_owners_subkey(keys_pair) -> None:
     mine, theirs = keys_pair
     v_mallory = _validator(theirs)
     victim_subkey = RSASignatureValidator(mine).local_public_key
-    forged = _record(keys.status_key(SWARM), victim_subkey, b"forged")
+    forged = _record(keys.status_key(SWARM), victim_subkey, _status(mine, step=999999))
     # The mallory validator does not sign a subkey it does not own, so the record has no valid signature.
     assert not _validator(mine).validate(_signed(v_mallory, forged))
     # Signing with mallory's own key and pasting the signature on also fails.
-    own = _signed(v_mallory, _record(keys.status_key(SWARM), RSASignatureValidator(theirs).local_public_key, b"forged"))
+    own = _signed(v_mallory, _record(keys.status_key(SWARM), RSASignatureValidator(theirs).local_public_key,
+                                     _status(mine, step=999999)))
     sig = own.value[len(forged.value):]
     assert not _validator(mine).validate(dataclasses.replace(forged, value=forged.value + sig))
 
@@ -103,14 +115,14 @@ def test_verdicts_are_cached_per_distinct_record(keys_pair, monkeypatch) -> None
     mine, theirs = keys_pair
     v, reader = _validator(mine), _validator(theirs)
     owner = RSASignatureValidator(mine).local_public_key
-    rec = _signed(v, _record(keys.status_key(SWARM), owner, b"status-bytes"))
+    rec = _signed(v, _record(keys.status_key(SWARM), owner, _status(mine)))
     calls = []
     real_verify = RSAPublicKey.verify
     monkeypatch.setattr(RSAPublicKey, "verify", lambda self, data, sig: calls.append(1) or real_verify(self, data, sig))
     assert reader.validate(rec) and reader.validate(rec) and reader.validate(rec)
     assert len(calls) == 1  # the same signed record from three replicas: one RSA verification
     # A different value, subkey or expiration is a different record: checked afresh, and rejected.
-    tampered = dataclasses.replace(rec, value=rec.value.replace(b"status", b"statuz"))
+    tampered = dataclasses.replace(rec, value=rec.value.replace(b"trainer", b"trainex"))
     later = dataclasses.replace(rec, expiration_time=rec.expiration_time + 1)
     assert not reader.validate(tampered) and not reader.validate(tampered)
     assert not reader.validate(later)
@@ -130,3 +142,6 @@ def test_schema_verdict_follows_the_schedule(keys_pair) -> None:
     owned_now["on"] = False
     schema._refreshed_at = -1.0  # force the once-a-second schedule refresh
     assert schema.validate(bad)  # no longer a scheduled key: the schema has nothing to say
+    # ... but an owned record off the schedule is refused by the key-schedule rule.
+    off = OwnedRecordValidator(SWARM, schedule)
+    assert not off.validate(_signed(v, _record(keys.status_key(SWARM), owner, _status(mine))))

@@ -136,7 +136,8 @@ def test_verifier_stall_attack_costs_a_bounded_time_off_the_step_thread(tmp_path
     evil = make_node(tmp_path, swarm, "evil", extra=["generation.group_size=8", "generation.max_new_tokens=24"])
     _publish_texts(evil, "\\boxed{\\pi^{2}}")
     honest = make_node(tmp_path, swarm, "honest", extra=["generation.max_new_tokens=24", "task.peer_reward_budget_s=1.0",
-                                                           "task.peer_reward_budget_per_peer_s=0.4"])
+                                                           "task.peer_reward_budget_per_peer_s=0.4",
+                                                               "swarm.max_peer_group_size=8"])  # the evil G
     honest.parts.reward_fn = CorrectnessReward("number", timeout_s=5.0, verify_fn=_stall_on_pi,
                                                runner=BoundedRunner(10.0))
     honest.parts.close_hooks.append(honest.parts.reward_fn.close)
@@ -149,6 +150,11 @@ def test_verifier_stall_attack_costs_a_bounded_time_off_the_step_thread(tmp_path
         return score(*args, **kwargs)
 
     honest.parts.reward_fn.score = spy
+    # The budget in isolation: a reputation that lets a fresh peer's every group be fetched (the
+    # default would fetch one group of a fresh identity per step, and fewer after its first fault).
+    from swarm_node.swarm.admission import Reputation
+
+    honest.parts.exchange.admission.reputation = Reputation(penalty=0.0, exclude_faults=float("inf"), trusted_after=0.0)
     evil.run_step()
     start = time.perf_counter()
     m = honest.run_step()

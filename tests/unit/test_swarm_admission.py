@@ -1,0 +1,221 @@
+"""Admission rules (swarm/admission.py, swarm/allowlist.py): one test per rule, on hand-built groups."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+
+from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from swarm_node.swarm.admission import (
+    DUPLICATE,
+    EXCLUDED,
+    GROUP_SIZE_CHANGED,
+    NOT_ALLOWED,
+    OVER_TOKEN_BUDGET,
+    WRONG_PROMPT,
+    Admission,
+    PromptAssignment,
+    Reputation,
+    fair_sample,
+)
+from swarm_node.tasks.prompts import select_prompts
+
+SALT = "adm-swarm"
+PROMPTS = PromptAssignment(prompt_set_id="ps-1", set_size=50, prompts_per_step=2, salt=SALT)
+
+
+@dataclass
+class Cand:
+    owner: str
+    n: int
+
+
+def _group(sender: str, index: int, version: int = 0, g: int = 4, seed: int = 0, tokens: int = 3,
+           created_at: float = 100.0) -> RolloutGroup:
+    rng = np.random.default_rng(seed)
+    return RolloutGroup(
+        swarm_id=SALT, sender=sender, model_id="m", model_revision="", tokenizer_fingerprint="fp",
+        policy_version=version, created_at=created_at, prompt=PromptRef(prompt_set_id="ps-1", index=index, sha256="0" * 64),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16),
+        completions=tuple(Completion(token_ids=rng.integers(0, 1000, tokens).astype(np.uint32),
+                                     logprobs=np.full(tokens, -1.0, np.float32), finish_reason="stop",
+                                     claimed_reward=0.0) for _ in range(g)))
+
+
+def _assigned(sender: str, version: int = 0) -> list[int]:
+    return select_prompts(sender, version, 2, 50, salt=SALT)
+
+
+def test_fair_sample_is_fair_over_identities_first() -> None:
+    # One peer lists 100 groups, three list 2: with room for 8, every identity gets 2.
+    cands = [Cand("flood", i) for i in range(100)] + [Cand(p, i) for p in ("a", "b", "c") for i in range(2)]
+    for seed in range(20):
+        chosen = fair_sample(cands, 8, 4, random.Random(seed))
+        assert Counter(c.owner for c in chosen) == {"flood": 2, "a": 2, "b": 2, "c": 2}
+    # With room for 3 of 4 identities, nobody gets a second group.
+    chosen = fair_sample(cands, 3, 4, random.Random(1))
+    assert len({c.owner for c in chosen}) == 3
+
+
+def test_fresh_identities_yield_to_peers_with_a_record() -> None:
+    rep = Reputation()
+    for _ in range(10):
+        rep.record("honest", None)
+    cands = [Cand("honest", i) for i in range(4)] + [Cand(f"sybil{k}", i) for k in range(15) for i in range(16)]
+    honest_taken = sybil_taken = 0
+    for seed in range(200):
+        chosen = fair_sample(cands, 4, 4, random.Random(seed), rep.weight)
+        honest_taken += sum(c.owner == "honest" for c in chosen)
+        sybil_taken += sum(c.owner != "honest" for c in chosen)
+    # Equal weights would give the honest peer 1/16 of first-round slots; its record puts it first almost always.
+    assert honest_taken / 200 > 0.9
+    # Each fresh identity's quota is one group.
+    chosen = fair_sample(cands, 64, 4, random.Random(0), rep.weight)
+    per = Counter(c.owner for c in chosen)
+    assert per["honest"] == 4 and max(v for k, v in per.items() if k != "honest") == 1
+
+
+def test_reputation_lowers_share_excludes_and_forgives() -> None:
+    rep = Reputation()
+    adm = Admission(reputation=rep)
+    assert adm.peer_reason("p") is None
+    for _ in range(3):
+        rep.record("p", "logprob_positive")
+    assert rep.weight("p") < 0.1 and adm.peer_reason("p") is None  # lowered, not yet excluded
+    rep.record("p", "duplicate")
+    assert adm.peer_reason("p") == EXCLUDED
+    # Network weather counts for little, this node's own budgets not at all.
+    rep.record("q", "fetch_timeout")
+    rep.record("q", OVER_TOKEN_BUDGET)
+    assert rep.faults["q"] == pytest.approx(0.25)
+    for _ in range(30):
+        rep.tick()
+    assert adm.peer_reason("p") is None  # faults decay
+
+
+def test_allow_list_closes_the_swarm() -> None:
+    adm = Admission(allowed_peers=["a", "b"])
+    assert adm.peer_reason("a") is None and adm.peer_reason("mallory") == NOT_ALLOWED
+    assert Admission().peer_reason("mallory") is None
+
+
+def test_signed_allow_list_file(tmp_path) -> None:
+    from swarm_node.swarm.allowlist import AllowListError, load_allow_list, write_allow_list
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+
+    operator = load_or_create_key(tmp_path / "op.key")
+    other = load_or_create_key(tmp_path / "other.key")
+    path = tmp_path / "allow.json"
+    write_allow_list(path, SALT, ["QmB", "QmA", "QmA"], operator)
+    assert load_allow_list(path, SALT, public_key_text(operator)) == ["QmA", "QmB"]
+    with pytest.raises(AllowListError, match="not signed by"):
+        load_allow_list(path, SALT, public_key_text(other))
+    with pytest.raises(AllowListError, match="for swarm"):
+        load_allow_list(path, "another-swarm", public_key_text(operator))
+    doc = json.loads(path.read_text())
+    doc["peers"].append("QmMallory")
+    path.write_text(json.dumps(doc))
+    with pytest.raises(AllowListError, match="not signed by"):
+        load_allow_list(path, SALT, public_key_text(operator))
+    with pytest.raises(AllowListError, match="needs swarm.prompt_set_owner"):
+        load_allow_list(path, SALT, None)
+
+
+def test_prompt_must_be_the_one_assigned_to_sender_and_version() -> None:
+    adm = Admission(prompts=PROMPTS)
+    mine = _assigned("peerA", 3)
+    not_mine = next(i for i in range(50) if i not in mine)
+    assert adm.group_reason(_group("peerA", mine[0], version=3), 0) is None
+    assert adm.group_reason(_group("peerA", not_mine, version=3, seed=1), 0) == WRONG_PROMPT
+    assert adm.entry_reason("peerA", not_mine, 3, 100.0) == WRONG_PROMPT
+    assert adm.entry_reason("peerA", mine[1], 3, 100.0) is None
+    # Another sender (a cherry-picker claiming peerA's easy prompt) is not assigned it, in general.
+    others = [p for p in (f"peer{k}" for k in range(20)) if mine[0] not in _assigned(p, 3)]
+    assert adm.group_reason(_group(others[0], mine[0], version=3, seed=2), 0) == WRONG_PROMPT
+
+
+def test_horizontal_prompts_follow_the_window() -> None:
+    prompts = replace(PROMPTS, horizontal=True, window_seconds=10.0)
+    window_prompts = select_prompts("horizontal", 7, 2, 50, salt=SALT)
+    assert prompts.assigned("anyone", window_prompts[0], 0, 75.0)   # window 7
+    assert prompts.assigned("anyone", window_prompts[0], 0, 85.0)   # stamped in the next window
+    assert not prompts.assigned("anyone", window_prompts[0], 0, 125.0)
+
+
+def test_sender_keeps_its_declared_group_size() -> None:
+    adm = Admission(prompts=PROMPTS)
+    a = _assigned("peerA", 0) + _assigned("peerA", 1)
+    assert adm.group_reason(_group("peerA", a[0], version=0, g=4), 0) is None
+    assert adm.group_reason(_group("peerA", a[2], version=1, g=2, seed=3), 0) == GROUP_SIZE_CHANGED
+    assert adm.group_reason(_group("peerA", a[3], version=1, g=4, seed=4), 0) is None
+
+
+def test_replay_under_another_identity_is_a_duplicate() -> None:
+    adm = Admission()
+    original = _group("honest", 5, seed=7)
+    assert adm.group_reason(original, 0) is None
+    replay = replace(original, sender="mallory")
+    assert adm.group_reason(replay, 0) == DUPLICATE
+    # Half replayed, half fresh is still a replay; one shared completion is not.
+    fresh = _group("mallory", 5, seed=8)
+    half = replace(fresh, completions=original.completions[:2] + fresh.completions[2:])
+    assert adm.group_reason(half, 0) == DUPLICATE
+    one = replace(fresh, completions=original.completions[:1] + fresh.completions[1:])
+    assert adm.group_reason(one, 0) is None
+    # Reordering or claiming another prompt does not hide a replay either.
+    assert adm.group_reason(replace(original, sender="eve", completions=original.completions[::-1]), 0) == DUPLICATE
+    assert adm.group_reason(replace(original, sender="eve", prompt=replace(original.prompt, index=9)), 0) == DUPLICATE
+
+
+def test_replay_of_this_nodes_own_groups_is_a_duplicate() -> None:
+    adm = Admission()
+    mine = _group("me", 3, seed=11)
+    adm.remember_own([mine], 0)
+    assert adm.group_reason(replace(mine, sender="mallory"), 0) == DUPLICATE
+
+
+def test_token_budget_per_gather() -> None:
+    adm = Admission(max_tokens_per_gather=30)
+    adm.begin_gather()
+    assert adm.group_reason(_group("a", 1, tokens=5, seed=1), 0) is None    # 20 tokens
+    assert adm.group_reason(_group("b", 2, tokens=5, seed=2), 0) == OVER_TOKEN_BUDGET
+    assert adm.group_reason(_group("c", 3, tokens=2, seed=3), 0) is None    # 8 more: 28
+    adm.begin_gather()
+    assert adm.group_reason(_group("b", 2, tokens=5, seed=2), 0) is None
+
+
+def test_allow_list_command_writes_a_file_nodes_accept(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from swarm_node.cli import app
+    from swarm_node.config import NodeConfig
+    from swarm_node.assemble import build_admission
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.tasks.base import PromptSet
+
+    key_file, out = tmp_path / "op.key", tmp_path / "allow.json"
+    result = CliRunner().invoke(app, ["allow-list", "--peer", "QmA", "--peer", "QmB", "--swarm-id", SALT,
+                                      "--key-file", str(key_file), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    cfg = NodeConfig.load(None, [f'swarm.swarm_id="{SALT}"', f'swarm.allowed_peers_file="{out}"',
+                                 f'swarm.prompt_set_owner="{public_key_text(load_or_create_key(key_file))}"'])
+    adm = build_admission(cfg, PromptSet(id="ps-1", answer_kind="number", problems=()))
+    assert adm.peer_reason("QmA") is None and adm.peer_reason("QmC") == NOT_ALLOWED
+
+
+def test_degraded_exchange_is_logged_at_most_once_a_minute(caplog) -> None:
+    from swarm_node.swarm.admission import DegradedExchangeLog
+
+    log = DegradedExchangeLog(interval_s=60.0)
+    log.check(taken=4, drops=Counter({"duplicate": 3}))          # a normal gather: silent
+    assert log.warnings == 0
+    with caplog.at_level("WARNING"):
+        log.check(taken=0, drops=Counter({"wrong_prompt": 40, "missing": 9}))
+        log.check(taken=0, drops=Counter({"wrong_prompt": 40}))  # within the minute: not again
+    assert log.warnings == 1
+    assert "peer exchange degraded: took 0 groups, dropped 49 (wrong_prompt 40, missing 9)" in caplog.text
