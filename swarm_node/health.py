@@ -29,8 +29,10 @@ def alone_warning(metrics: Mapping[str, float], warn_steps: int = ALONE_WARN_STE
     alone = metrics.get(m.ALONE_STEPS)
     if alone is None or alone < warn_steps:
         return None
+    if m.ROUTING_TABLE_SIZE not in metrics:  # a transport without health (the in-memory one)
+        return f"alone for {int(alone)} steps: no peer groups received"
     return (f"alone for {int(alone)} steps: no live peer (routing table "
-            f"{int(metrics.get(m.ROUTING_TABLE_SIZE, 0))}); check the network, or swarm.initial_peers "
+            f"{int(metrics[m.ROUTING_TABLE_SIZE])}); check the network, or swarm.initial_peers "
             "if it never had one")
 
 

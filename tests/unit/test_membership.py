@@ -179,6 +179,13 @@ def test_alone_steps_count_and_warn(caplog):
     assert h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=0)[m.ALONE_STEPS] == 0
 
 
+def test_alone_without_transport_health_speaks_of_peer_groups_not_routing():
+    h = HealthTracker(object())  # a transport without health(), as the in-memory one
+    out = [h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=0) for _ in range(3)]
+    assert alone_warning(out[-1]) == "alone for 3 steps: no peer groups received"
+    assert h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=2)[m.ALONE_STEPS] == 0
+
+
 def test_a_node_without_transport_has_no_network_fields():
     out = HealthTracker(None).step_metrics(Counter(), publish_seconds=0.0, gather_seconds=0.0, peer_groups=0)
     assert m.LIVE_PEERS not in out and m.ALONE_STEPS not in out and m.BYTES_SENT not in out
