@@ -16,9 +16,10 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
 * **Assigned prompts**: a group's prompt must be one `select_prompts` assigns to its sender and
   policy version (horizontal collaboration: to the window of its creation time), among the first
   `prompts_per_step` (`wrong_prompt`); cherry-picked easy prompts are refused.
-* **Replays**: every completion is hashed (its token bytes); a group at least half of whose
-  completions were already taken from another sender, or published by this node, is a replay
-  (`duplicate`), whatever prompt it claims.
+* **Replays**: every completion of at least `MIN_FINGERPRINT_TOKENS` tokens is hashed (its token
+  bytes); a group at least half of whose hashed completions were already taken from another sender,
+  or published by this node, is a replay (`duplicate`), whatever prompt it claims. Shorter
+  completions are no evidence: honest peers give the same short answer all the time.
 * **Token budget**: peer tokens accepted per gather are capped (`over_token_budget`), so the scoring
   work per step has a fixed bound.
 """
@@ -127,10 +128,16 @@ def fair_sample(candidates: Sequence[C], max_groups: int, max_per_peer: int, rng
     return chosen
 
 
+# A completion shorter than this is no fingerprint: honest peers with similar models produce the same
+# short answer (`\boxed{8}`) again and again, on the same prompt or another, so a match says nothing.
+MIN_FINGERPRINT_TOKENS = 16
+
+
 def completion_digests(group: RolloutGroup) -> list[bytes]:
-    """One digest per completion: its token bytes (not the sender, not the prompt it claims)."""
+    """One digest per completion of at least MIN_FINGERPRINT_TOKENS tokens: its token bytes (not the
+    sender, not the prompt it claims). Shorter completions are left out of replay detection."""
     return [hashlib.blake2b(c.token_ids.astype("<u4", copy=False).tobytes(), digest_size=16).digest()
-            for c in group.completions]
+            for c in group.completions if len(c.token_ids) >= MIN_FINGERPRINT_TOKENS]
 
 
 @dataclass(frozen=True)
@@ -226,7 +233,7 @@ class Admission:
             return GROUP_SIZE_CHANGED
         digests = completion_digests(group)
         replayed = sum(1 for d in digests if d in self._completions and self._completions[d][0] != group.sender)
-        if 2 * replayed >= len(digests):
+        if digests and 2 * replayed >= len(digests):
             return DUPLICATE
         if group.num_tokens > self._tokens_left:
             return OVER_TOKEN_BUDGET

@@ -15,6 +15,7 @@ from swarm_node.swarm.admission import (
     DUPLICATE,
     EXCLUDED,
     GROUP_SIZE_CHANGED,
+    MIN_FINGERPRINT_TOKENS,
     NOT_ALLOWED,
     OVER_TOKEN_BUDGET,
     WRONG_PROMPT,
@@ -157,12 +158,12 @@ def test_sender_keeps_its_declared_group_size() -> None:
 
 def test_replay_under_another_identity_is_a_duplicate() -> None:
     adm = Admission()
-    original = _group("honest", 5, seed=7)
+    original = _group("honest", 5, seed=7, tokens=MIN_FINGERPRINT_TOKENS)
     assert adm.group_reason(original, 0) is None
     replay = replace(original, sender="mallory")
     assert adm.group_reason(replay, 0) == DUPLICATE
     # Half replayed, half fresh is still a replay; one shared completion is not.
-    fresh = _group("mallory", 5, seed=8)
+    fresh = _group("mallory", 5, seed=8, tokens=MIN_FINGERPRINT_TOKENS)
     half = replace(fresh, completions=original.completions[:2] + fresh.completions[2:])
     assert adm.group_reason(half, 0) == DUPLICATE
     one = replace(fresh, completions=original.completions[:1] + fresh.completions[1:])
@@ -174,9 +175,18 @@ def test_replay_under_another_identity_is_a_duplicate() -> None:
 
 def test_replay_of_this_nodes_own_groups_is_a_duplicate() -> None:
     adm = Admission()
-    mine = _group("me", 3, seed=11)
+    mine = _group("me", 3, seed=11, tokens=MIN_FINGERPRINT_TOKENS)
     adm.remember_own([mine], 0)
     assert adm.group_reason(replace(mine, sender="mallory"), 0) == DUPLICATE
+
+
+def test_the_same_short_answer_from_honest_peers_is_not_a_replay() -> None:
+    adm = Admission()
+    short = MIN_FINGERPRINT_TOKENS - 1
+    mine = _group("me", 3, seed=11, tokens=short)
+    adm.remember_own([mine], 0)
+    assert adm.group_reason(replace(mine, sender="honest-twin"), 0) is None
+    assert adm.group_reason(replace(mine, sender="honest-other", prompt=replace(mine.prompt, index=4)), 0) is None
 
 
 def test_token_budget_per_gather() -> None:
