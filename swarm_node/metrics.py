@@ -79,6 +79,7 @@ UPTIME_SECONDS = "uptime_seconds"
 NONFINITE_DROPPED_SAMPLES = "nonfinite_dropped_samples"
 NONFINITE_SENDERS = "nonfinite_senders"
 PEER_REWARD_SECONDS = "peer_reward_seconds"
+PEER_NEWEST_AGE_S = "peer_newest_age_s"
 
 DROPPED_PREFIX = "dropped_"
 TOTAL_DROPPED_PREFIX = "total_dropped_"
@@ -134,6 +135,7 @@ METRICS: dict[str, str] = {
     NONFINITE_DROPPED_SAMPLES: "Peer samples dropped from the step because its loss or gradient was non-finite.",
     NONFINITE_SENDERS: "Peers blamed for a non-finite step (their groups stay refused: dropped_rejected_before).",
     PEER_REWARD_SECONDS: "Seconds spent verifying peers' answers (capped by task.peer_reward_budget_s).",
+    PEER_NEWEST_AGE_S: "Seconds from the creation of the newest peer group taken to the end of the step (absent without one).",
 }
 
 _NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

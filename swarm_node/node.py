@@ -134,10 +134,11 @@ class Node:
         self.step += 1
 
         n_tokens = sum(len(s.completion_ids) for s in own.samples)
+        now = parts.dht_time()
         metrics: dict[str, float] = {
             **{k: float(v) for k, v in train_metrics.items()},
             "step": float(self.step),
-            "time": parts.dht_time(),
+            "time": now,
             "reward_mean": own.reward_mean,
             "accuracy": own.accuracy,
             "own_samples": float(len(own.samples)),
@@ -149,6 +150,7 @@ class Node:
             "step_seconds": time.perf_counter() - t0,
             "bytes_per_token": float(bytes_per_token or 0.0),
             "peer_reward_seconds": peer.verify_seconds,
+            **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
             **self.health.step_metrics(step_drops, publish_seconds=t_gather - t_pub,
                                        gather_seconds=gather_seconds, peer_groups=peer.groups),
         }

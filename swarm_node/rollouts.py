@@ -65,6 +65,7 @@ class PeerBatch:
     samples: list[TrainSample] = field(default_factory=list)
     groups: int = 0
     verify_seconds: float = 0.0  # spent computing the peers' rewards
+    newest_created_at: float | None = None  # DHT time the newest taken group was made
 
 
 def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
@@ -238,6 +239,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                 generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                 reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
+        batch.newest_created_at = max(batch.newest_created_at or group.created_at, group.created_at)
     return batch
 
 

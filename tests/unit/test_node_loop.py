@@ -51,6 +51,8 @@ def test_two_nodes_train_on_each_others_groups(tmp_path):
     metrics_a = a.run_step()
     assert metrics_b["peer_groups"] >= 1 and metrics_b["peer_samples"] == 4 * metrics_b["peer_groups"]
     assert metrics_a["peer_groups"] >= 1
+    # B took A's groups of the step just before: their age is that gap, never negative.
+    assert 0.0 <= metrics_b["peer_newest_age_s"] < 60.0
     assert metrics_b["samples"] == metrics_b["own_samples"] + metrics_b["peer_samples"]
     after = params_of(b)
     assert any(not torch.equal(before[k], after[k]) for k in before), "parameters did not move"
