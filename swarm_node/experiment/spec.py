@@ -5,7 +5,7 @@
     [defaults]    NodeConfig sections shared by every node of every arm (model, generation, train, task, ...)
     [[nodes]]     name, model, lora, learning_rate, temperature, levels, set = [dotted overrides],
                   warmup = {base, levels, ops, steps, learning_rate, ...} (optional: a cached supervised
-                  warm-up of a tiny-random base model; `model` is then filled in)
+                  warm-up of a base model, tiny-random or one `model.name` accepts; `model` is then filled in)
     [[pairs]]     name, nodes = [node names]: one swarm each (default: one pair of all nodes)
     [[arms]]      name, variant ("isolated" | nois | vis | tis | f-nois | f-vis | f-tis),
                   collaboration ("vertical" | "horizontal"), set = [dotted overrides]

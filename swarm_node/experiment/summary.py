@@ -136,6 +136,8 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
              "filtered = fraction of peer samples filtered; IS = mean pi_theta/pi_gen; KL = mean per-sample KL "
              "to peers.", ""]
     for pair in spec.pairs:
+        if not any(key.startswith(f"{pair.name}|") for key in table):
+            continue  # a pair with no finished run (not run yet, or not chosen)
         lines += [f"## {pair.name}: {' + '.join(pair.nodes)}", "", f"![{pair.name}](plots/{pair.name}.png)", "",
                   "| arm | node | final | AUC | Δ final | Δ AUC | peer used | filtered | IS | KL | n |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

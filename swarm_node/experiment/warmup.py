@@ -1,6 +1,8 @@
-"""The CPU sandbox's starting points: tiny models built in code, then a short supervised warm-up on
-the arithmetic task so that RL starts from partial competence (GRPO learns only from groups whose
-rewards differ, and a random model never answers right).
+"""Experiments' starting points: a base model (a tiny model built in code, or any model the node can
+load, such as the embedded SmolLM2-135M), then a short supervised warm-up on the arithmetic task so
+that RL starts from partial competence (GRPO learns only from groups whose rewards differ: a random
+tiny model never answers right, and SmolLM2-135M answers "1 + 1 = 2" but never in the `\\boxed{}` the
+reward requires).
 
 A warm-up is a pure function of its `WarmupSpec` (the base tiny spec, which arithmetic levels and
 which answer operations it sees, steps, learning rate, batch, seed), so its result is cached on disk
@@ -38,7 +40,7 @@ class WarmupSpec:
     """What a warm-up is made of. `ops`: which problems it sees ("add", "sub" or both): a specialist
     warms up on one part of the distribution only."""
 
-    base: str  # a tiny-random spec
+    base: str  # a tiny-random spec, or a model name `model.name` accepts (full fine-tuning)
     levels: tuple[int, ...] = (1,)
     ops: tuple[str, ...] = ("add", "sub")
     steps: int = 300
@@ -98,11 +100,22 @@ def _batch_loss(model, batch: list[tuple[list[int], list[int]]], pad_id: int) ->
     return model(input_ids=ids, attention_mask=mask, labels=labels).loss
 
 
+def _base_model(name: str) -> tuple[torch.nn.Module, object]:
+    """(model, tokenizer) to warm up: a tiny spec is built in code, anything else loaded as a node would."""
+    if tiny.is_tiny_spec(name):
+        base = tiny.parse_tiny_spec(name)
+        tok = tiny.build_tiny_tokenizer(base.variant)
+        return tiny.build_tiny_model(base, tok), tok
+    from swarm_node.config import ModelConfig
+    from swarm_node.policy.models import load_policy
+
+    policy = load_policy(ModelConfig(name=name, device="cpu", dtype="float32"))
+    return policy.model, policy.tokenizer
+
+
 def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
-    """Build the base tiny model, train it on the spec's problems, save model + tokenizer to `out`."""
-    base = tiny.parse_tiny_spec(spec.base)
-    tok = tiny.build_tiny_tokenizer(base.variant)
-    model = tiny.build_tiny_model(base, tok)
+    """Build or load the base model, train it on the spec's problems, save model + tokenizer to `out`."""
+    model, tok = _base_model(spec.base)
     examples = _examples(tok, warmup_problems(spec, spec.steps * spec.batch_size // 4 + 64), spec.system_prompt)
     rng = random.Random(spec.seed)
     start = time.perf_counter()
@@ -121,8 +134,9 @@ def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(loss.item())
-            if (step + 1) % 100 == 0:
-                log(f"warm-up {spec.cache_name()} step {step + 1}/{spec.steps} loss {sum(losses[-100:]) / 100:.4f}")
+            every = min(100, max(1, spec.steps // 4))
+            if (step + 1) % every == 0:
+                log(f"warm-up {spec.cache_name()} step {step + 1}/{spec.steps} loss {sum(losses[-every:]) / every:.4f}")
     model.eval()
     model.save_pretrained(out)
     tok.save_pretrained(out)

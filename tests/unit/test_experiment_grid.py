@@ -140,3 +140,28 @@ def test_swarm_mode_file_reproduces_each_node_config(spec, tmp_path):
         assert got.model == cfg.model and got.objective == cfg.objective and got.train == cfg.train
         assert got.task == cfg.task and got.generation == cfg.generation
         assert got.checkpoint.every_steps == 2
+
+
+def test_unknown_arm_is_named(spec, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown arms \['vis'\]; the file has \['isolated', 'f-tis'\]"):
+        run_grid(spec, tmp_path / "out", arms=["vis"])
+
+
+@pytest.mark.slow  # real `swarm-node local` processes over the hivemind DHT, ~1 min
+def test_swarm_mode_runs_an_arm_as_real_processes(spec, tmp_path):
+    """The confirmation path: one chosen arm as real node processes, evaluated from their checkpoints."""
+    spec.experiment.seeds = [0]
+    spec.experiment.steps = spec.eval.every = 4
+    out = tmp_path / "out"
+    table = run_grid(spec, out, mode="swarm", arms=["f-tis"])
+    assert set(table) == {"all|f-tis|a", "all|f-tis|b"}  # only the chosen arm ran
+    assert not (out / "runs/all/isolated").exists()
+    run = out / "runs/all/f-tis/seed0"
+    assert json.loads((run / "done.json").read_text())["mode"] == "swarm"
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [(r["node"], r["step"]) for r in evals] == [("a", 0), ("a", 4), ("b", 0), ("b", 4)]
+    assert all(r["n"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in evals)
+    for node in ("a", "b"):  # each process trained every step and logged it where the summary reads it
+        steps = [json.loads(line)["step"] for line in (run / node / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1.0, 2.0, 3.0, 4.0]
+    assert "| f-tis | a |" in (out / "summary.md").read_text()
