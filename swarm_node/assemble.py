@@ -45,11 +45,12 @@ def build_parts(cfg: NodeConfig, transport: Any | None = None, prompt_set: Any |
 
 def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                  close_hooks: list) -> tuple[NodeParts, int]:
-    from swarm_node.metrics import JsonlMetricsWriter, PrometheusExporter, supersede_after
+    from swarm_node.metrics import JsonlMetricsWriter, supersede_after
     from swarm_node.policy.checkpoint import load_latest_checkpoint, save_checkpoint
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
     from swarm_node.policy.trainer import Trainer
+    from swarm_node.prometheus import PrometheusExporter
     from swarm_node.tasks import load_prompt_set, make_reward_fn
 
     node_dir = Path(cfg.node_dir)

@@ -58,7 +58,7 @@ def run_bootstrap(cfg: NodeConfig, identity_file: Path | None = None, stop: thre
     """Serve as a bootstrap peer until SIGINT/SIGTERM (or `stop` is set). The identity is
     `identity_file` (created if missing) or `<node_dir>/identity.key`. Raises BootstrapExit when the
     DHT cannot start or its process dies under it."""
-    from swarm_node.metrics import PrometheusExporter
+    from swarm_node.prometheus import PrometheusExporter
     from swarm_node.swarm.dht import HivemindTransport, SwarmConnectError
     from swarm_node.swarm.identity import IDENTITY_FILENAME, load_or_create_key
 

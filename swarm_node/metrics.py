@@ -1,4 +1,4 @@
-"""A step's metrics: canonical names, the JSONL log, and the Prometheus exporter.
+"""A step's metrics: canonical names and the JSONL log (the Prometheus exporter: prometheus.py).
 
 One training step produces one flat `dict[str, float]`. The names below are the contract between
 the node loop (which fills the dict), `metrics.jsonl` (one JSON object per step), Prometheus
@@ -25,7 +25,6 @@ Counting conventions (all counts are *per step*, never cumulative):
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
@@ -138,12 +137,12 @@ METRICS: dict[str, str] = {
     PEER_NEWEST_AGE_S: "Seconds from the creation of the newest peer group taken to the end of the step (absent without one).",
 }
 
-_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def dropped_name(reason: str) -> str:
     """The metric name counting peer data dropped for `reason` (a short identifier)."""
-    if not _NAME_RE.match(reason):
+    if not NAME_RE.match(reason):
         raise ValueError(f"drop reason {reason!r} is not a short identifier")
     return DROPPED_PREFIX + reason
 
@@ -186,7 +185,7 @@ class JsonlMetricsWriter:
 
     def write(self, metrics: Mapping[str, float]) -> None:
         """Append one step's metrics (non-finite floats are written as JSON NaN/Infinity)."""
-        line = json.dumps({str(k): _number(k, v) for k, v in metrics.items()}, allow_nan=True)
+        line = json.dumps({str(k): as_number(k, v) for k, v in metrics.items()}, allow_nan=True)
         with self._lock:
             if self._file is None:
                 raise ValueError(f"metrics writer for {self.path} is closed")
@@ -212,7 +211,7 @@ class JsonlMetricsWriter:
         self.close()
 
 
-def _number(key: Any, value: Any) -> float | int:
+def as_number(key: Any, value: Any) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             return float(value)
@@ -310,105 +309,3 @@ def supersede_after(path: Path | str, step: int) -> int:
     atomic_write_text(old, previous + "".join(ln + "\n" for ln in moved))
     atomic_write_text(path, "".join(ln + "\n" for ln in keep))
     return len(moved)
-
-
-def finite_or_none(value: float) -> float | None:
-    """JSON for browsers has no NaN/Infinity: map them to null."""
-    return value if math.isfinite(value) else None
-
-
-class PrometheusExporter:
-    """Serve a node's latest step metrics on `http://<addr>/metrics`.
-
-    Every documented metric becomes a gauge `swarm_node_<name>` the first time it is set (so
-    metrics a node never reports do not show as zeros); undocumented names are exported the same
-    way. `dropped_<reason>` values are per-step counts added to the counter
-    `swarm_node_dropped_total{reason="<reason>"}`, which is the running total, so the
-    `total_dropped_<reason>` entries are not exported again. Each exporter has its own registry,
-    so several can run in one process (tests, `swarm-node local`).
-    """
-
-    PREFIX = "swarm_node_"
-
-    def __init__(self, addr: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter
-
-        self.host, self.requested_port = _parse_addr(addr)
-        self.registry = CollectorRegistry(auto_describe=True)
-        self._gauges: dict[str, Any] = {}
-        self._dropped = Counter(
-            self.PREFIX + "dropped",
-            "Peer data dropped before training, by reason (malformed, stale, wrong tokenizer, ...).",
-            ["reason"],
-            registry=self.registry,
-        )
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when the address asked for port 0)."""
-        if self._server is None:
-            raise RuntimeError("exporter is not started")
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        from prometheus_client import start_http_server
-
-        if self._server is not None:
-            raise RuntimeError("exporter already started")
-        self._server, self._thread = start_http_server(self.requested_port, addr=self.host, registry=self.registry)
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving; returns within about `timeout_s`."""
-        if self._server is None:
-            return
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-        self._server, self._thread = None, None
-
-    def update(self, metrics: Mapping[str, float]) -> None:
-        """Publish one step's metrics."""
-        from prometheus_client import Gauge
-
-        with self._lock:
-            for name, value in metrics.items():
-                v = float(_number(name, value))
-                if name.startswith(DROPPED_PREFIX):
-                    reason = name[len(DROPPED_PREFIX):]
-                    if not (math.isfinite(v) and v >= 0):
-                        raise ValueError(f"{name} is a per-step count, finite and >= 0; got {v}")
-                    self._dropped.labels(reason=reason).inc(v)
-                    continue
-                if name.startswith(TOTAL_DROPPED_PREFIX):  # the counter above already is the total
-                    continue
-                gauge = self._gauges.get(name)
-                if gauge is None:
-                    if not _NAME_RE.match(name):
-                        raise ValueError(f"metric name {name!r} is not a valid identifier")
-                    help_text = METRICS.get(name, f"{name} (undocumented metric).")
-                    gauge = Gauge(self.PREFIX + name, help_text, registry=self.registry)
-                    self._gauges[name] = gauge
-                gauge.set(v)
-
-    def __enter__(self) -> PrometheusExporter:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def _parse_addr(addr: str) -> tuple[str, int]:
-    """'host:port' (IPv6 as '[::1]:9400') -> (host, port)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address {addr!r} is not host:port")
-    host = host.strip("[]") or "0.0.0.0"
-    p = int(port)
-    if not 0 <= p <= 65535:
-        raise ValueError(f"port {p} out of range in {addr!r}")
-    return host, p

@@ -24,7 +24,7 @@ from typing import Any
 from swarm_node import rollouts
 from swarm_node.config import NodeConfig
 from swarm_node.health import HealthTracker
-from swarm_node.policy.types import Generator, TrainSample
+from swarm_node.policy.types import Generator
 from swarm_node.tasks import select_prompts
 from swarm_node.tasks.base import PromptSet, RewardFn
 

@@ -127,10 +127,10 @@ def check_listen_maddrs(maddrs: Sequence[str]) -> None:
 
 
 def check_prometheus_addr(addr: str) -> None:
-    from swarm_node.metrics import _parse_addr
+    from swarm_node.prometheus import parse_addr
 
     try:
-        host, port = _parse_addr(addr)
+        host, port = parse_addr(addr)
     except ValueError as e:
         raise InputError(f"metrics.prometheus_addr: {e}", "use host:port, e.g. 127.0.0.1:9400") from e
     if port:

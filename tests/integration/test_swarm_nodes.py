@@ -8,7 +8,6 @@ writing raw records is counted and dropped while honest nodes keep training.
 from __future__ import annotations
 
 
-import dataclasses
 import math
 from pathlib import Path
 

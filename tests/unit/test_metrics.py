@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from swarm_node import metrics as m
+from swarm_node import prometheus
 
 
 def test_every_canonical_name_is_documented():
@@ -90,7 +91,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 def test_prometheus_serves_documented_names_with_values():
     step_metrics = {name: float(i) + 0.5 for i, name in enumerate(m.METRICS)}
-    with m.PrometheusExporter("127.0.0.1:0") as exp:
+    with prometheus.PrometheusExporter("127.0.0.1:0") as exp:
         exp.update({**step_metrics, "dropped_stale": 2, "dropped_bad_version": 1})
         exp.update({m.STEP: 7, "dropped_stale": 3, "total_dropped_stale": 5})
         values, body = _scrape(exp.port)
@@ -108,7 +109,7 @@ def test_prometheus_serves_documented_names_with_values():
 
 
 def test_prometheus_unset_metrics_are_absent_and_bad_input_raises():
-    with m.PrometheusExporter("127.0.0.1:0") as exp:
+    with prometheus.PrometheusExporter("127.0.0.1:0") as exp:
         exp.update({m.REWARD_MEAN: 0.5, "custom_thing": 2.0})
         values, _ = _scrape(exp.port)
         assert values["swarm_node_reward_mean"] == 0.5
@@ -121,11 +122,11 @@ def test_prometheus_unset_metrics_are_absent_and_bad_input_raises():
 
 
 def test_prometheus_addr_parsing():
-    assert m._parse_addr("0.0.0.0:9400") == ("0.0.0.0", 9400)
-    assert m._parse_addr("[::1]:9400") == ("::1", 9400)
+    assert prometheus.parse_addr("0.0.0.0:9400") == ("0.0.0.0", 9400)
+    assert prometheus.parse_addr("[::1]:9400") == ("::1", 9400)
     for bad in ("9400", "host:", "host:99999"):
         with pytest.raises(ValueError):
-            m._parse_addr(bad)
+            prometheus.parse_addr(bad)
 
 
 def test_jsonl_records_are_one_object_per_line(tmp_path):

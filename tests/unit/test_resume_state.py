@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 
-import pytest
 
 from tests.cli_run import _restore_signals, run  # noqa: F401 (an autouse fixture)
 from swarm_node.metrics import latest_run, read_metrics_jsonl, supersede_after

@@ -1,0 +1,110 @@
+"""The Prometheus exporter: a node's (or bootstrap's) latest metrics on `http://<addr>/metrics`.
+
+Metric names and their help texts are metrics.py's contract; this module only serves them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from swarm_node.metrics import NAME_RE, DROPPED_PREFIX, METRICS, TOTAL_DROPPED_PREFIX, as_number
+
+
+class PrometheusExporter:
+    """Serve a node's latest step metrics on `http://<addr>/metrics`.
+
+    Every documented metric becomes a gauge `swarm_node_<name>` the first time it is set (so
+    metrics a node never reports do not show as zeros); undocumented names are exported the same
+    way. `dropped_<reason>` values are per-step counts added to the counter
+    `swarm_node_dropped_total{reason="<reason>"}`, which is the running total, so the
+    `total_dropped_<reason>` entries are not exported again. Each exporter has its own registry,
+    so several can run in one process (tests, `swarm-node local`).
+    """
+
+    PREFIX = "swarm_node_"
+
+    def __init__(self, addr: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter
+
+        self.host, self.requested_port = parse_addr(addr)
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._gauges: dict[str, Any] = {}
+        self._dropped = Counter(
+            self.PREFIX + "dropped",
+            "Peer data dropped before training, by reason (malformed, stale, wrong tokenizer, ...).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when the address asked for port 0)."""
+        if self._server is None:
+            raise RuntimeError("exporter is not started")
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        from prometheus_client import start_http_server
+
+        if self._server is not None:
+            raise RuntimeError("exporter already started")
+        self._server, self._thread = start_http_server(self.requested_port, addr=self.host, registry=self.registry)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving; returns within about `timeout_s`."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._server, self._thread = None, None
+
+    def update(self, metrics: Mapping[str, float]) -> None:
+        """Publish one step's metrics."""
+        from prometheus_client import Gauge
+
+        with self._lock:
+            for name, value in metrics.items():
+                v = float(as_number(name, value))
+                if name.startswith(DROPPED_PREFIX):
+                    reason = name[len(DROPPED_PREFIX):]
+                    if not (math.isfinite(v) and v >= 0):
+                        raise ValueError(f"{name} is a per-step count, finite and >= 0; got {v}")
+                    self._dropped.labels(reason=reason).inc(v)
+                    continue
+                if name.startswith(TOTAL_DROPPED_PREFIX):  # the counter above already is the total
+                    continue
+                gauge = self._gauges.get(name)
+                if gauge is None:
+                    if not NAME_RE.match(name):
+                        raise ValueError(f"metric name {name!r} is not a valid identifier")
+                    help_text = METRICS.get(name, f"{name} (undocumented metric).")
+                    gauge = Gauge(self.PREFIX + name, help_text, registry=self.registry)
+                    self._gauges[name] = gauge
+                gauge.set(v)
+
+    def __enter__(self) -> PrometheusExporter:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """'host:port' (IPv6 as '[::1]:9400') -> (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {addr!r} is not host:port")
+    host = host.strip("[]") or "0.0.0.0"
+    p = int(port)
+    if not 0 <= p <= 65535:
+        raise ValueError(f"port {p} out of range in {addr!r}")
+    return host, p
