@@ -38,7 +38,7 @@ LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 def _start_dht_peers(n: int, root: Path, replicas: int) -> list:
     from swarm_node.swarm.dht import HivemindTransport
-    from swarm_node.swarm.exchange import owned_key_schedule
+    from swarm_node.swarm.index import owned_key_schedule
     from swarm_node.swarm.identity import load_node_identity
 
     schedule = owned_key_schedule(SWARM, WINDOW_S, 4)

@@ -1,7 +1,8 @@
 """HivemindTransport: the Transport over a hivemind DHT that runs in its own process.
 
 * The process itself (dht_process.py): `PipeFixedDHT` (hivemind's DHT with the large-message pipe
-  fix, a parent-death watchdog and lazy peer-id encoding) and the coroutines it runs.
+  fix, a parent-death watchdog and lazy peer-id encoding), its start with retries (`start_dht`)
+  and the coroutines it runs.
 * Validators (validators.py): hivemind's `RSASignatureValidator` (verdicts cached; owned subkeys
   `[owner:<public key>]`, signed with the node's identity key), a pydantic.v1 `SchemaValidator`
   on the index and status keys, `SwarmRecordValidator` (owned subkeys only, blobs under the
@@ -27,7 +28,6 @@ from functools import partial
 from typing import Any
 
 from hivemind.dht.validation import RecordValidatorBase
-from hivemind.p2p import P2PDaemonError
 from hivemind.utils import get_dht_time
 
 from protocol import keys
@@ -35,14 +35,17 @@ from swarm_node.config import SwarmConfig
 from swarm_node.swarm.addresses import relay_maddrs, usable_maddrs
 from swarm_node.swarm.dht_process import (
     PipeFixedDHT,
+    SwarmConnectError,
     check_initial_peers,
     get_many_in_dht,
     health_in_dht,
     redial_in_dht,
     refusals_in_dht,
+    start_dht,
     store_many_in_dht,
 )
 from swarm_node.swarm.identity import NodeIdentity
+from swarm_node.swarm.index import owned_key_schedule
 from swarm_node.swarm.membership import Health, MembershipKeeper
 from swarm_node.swarm.transport import (
     BAD_DIGEST,
@@ -70,15 +73,11 @@ from swarm_node.swarm.validators import (
 __all__ = ["HivemindTransport", "PipeFixedDHT", "SwarmConnectError", "check_initial_peers"]
 
 
-class SwarmConnectError(RuntimeError):
-    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
-
-
 class HivemindTransport(Transport):
     """Transport over a hivemind DHT process. Construct it, use it, `shutdown()` it.
 
     identity: the node's key (libp2p identity and record signer). swarm_id: namespaces chunk keys.
-    owned_keys: raw keys that must hold owned bytes at a given DHT time (exchange.owned_key_schedule).
+    owned_keys: raw keys that must hold owned bytes at a given DHT time (index.owned_key_schedule).
     reachability: "public" for a peer at a public address that offers relaying to peers behind
     NAT (`swarm-node bootstrap`); a peer with use_auto_relay (and not client_mode) is "private".
     Startup waits at most `startup_timeout` per attempt, `start_attempts` attempts, then raises
@@ -153,7 +152,7 @@ class HivemindTransport(Transport):
             cache_on_store=False,
             startup_timeout=startup_timeout,
         )
-        self._dht = self._start(kwargs, startup_timeout, start_attempts, storage_caps)
+        self._dht = start_dht(kwargs, startup_timeout, start_attempts, storage_caps)
         self._closed = False
         self.membership = MembershipKeeper(self, self._initial_peers)
         if self_heal:
@@ -163,8 +162,6 @@ class HivemindTransport(Transport):
     def from_config(cls, cfg: SwarmConfig, identity: NodeIdentity, **overrides: Any) -> HivemindTransport:
         """A transport for a node configured by `cfg` (the `[swarm]` section); `overrides` are
         further keyword arguments (e.g. reachability)."""
-        from swarm_node.swarm.exchange import owned_key_schedule
-
         return cls(
             identity,
             cfg.swarm_id,
@@ -181,27 +178,6 @@ class HivemindTransport(Transport):
             storage_caps=(cfg.max_subkeys_per_key, cfg.max_bytes_per_key, cfg.max_bytes_per_peer),
             **overrides,
         )
-
-    def _start(self, kwargs: dict[str, Any], timeout: float, attempts: int,
-               storage_caps: tuple[int, int, int] | None) -> PipeFixedDHT:
-        errors = []
-        for attempt in range(1, max(1, attempts) + 1):
-            dht = PipeFixedDHT(start=False, **kwargs)
-            dht.storage_caps = storage_caps
-            dht.run_in_background(await_ready=False)
-            try:
-                dht.wait_until_ready(timeout=timeout)
-                return dht
-            except FutureTimeoutError:
-                errors.append(f"attempt {attempt}: no answer within {timeout:.0f}s")
-            except (P2PDaemonError, RuntimeError, OSError, ValueError) as e:  # bootstrap / daemon errors
-                errors.append(f"attempt {attempt}: {e}")
-            dht.shutdown()
-        if self._initial_peers:
-            raise SwarmConnectError(
-                f"could not reach any initial peer: {', '.join(self._initial_peers)} ({'; '.join(errors)})"
-            )
-        raise SwarmConnectError(f"the DHT failed to start: {'; '.join(errors)}")
 
     # -- identity --------------------------------------------------------------------------
     @property

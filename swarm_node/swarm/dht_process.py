@@ -23,11 +23,12 @@ import os
 import signal
 import threading
 from collections.abc import Sequence
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
 import base58
 import hivemind
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.multiaddr import exceptions as maddr_errors
 
@@ -209,3 +210,30 @@ async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]]
         except asyncio.TimeoutError:
             pass
     return answered
+
+
+class SwarmConnectError(RuntimeError):
+    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
+
+
+def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
+              storage_caps: tuple[int, int, int] | None) -> PipeFixedDHT:
+    """Start the DHT process with `kwargs` (PipeFixedDHT's), trying `attempts` times within
+    `timeout` each; raises SwarmConnectError naming the initial peers when none answered."""
+    errors = []
+    for attempt in range(1, max(1, attempts) + 1):
+        dht = PipeFixedDHT(start=False, **kwargs)
+        dht.storage_caps = storage_caps
+        dht.run_in_background(await_ready=False)
+        try:
+            dht.wait_until_ready(timeout=timeout)
+            return dht
+        except FutureTimeoutError:
+            errors.append(f"attempt {attempt}: no answer within {timeout:.0f}s")
+        except (P2PDaemonError, RuntimeError, OSError, ValueError) as e:  # bootstrap / daemon errors
+            errors.append(f"attempt {attempt}: {e}")
+        dht.shutdown()
+    peers = kwargs.get("initial_peers") or []
+    if peers:
+        raise SwarmConnectError(f"could not reach any initial peer: {', '.join(peers)} ({'; '.join(errors)})")
+    raise SwarmConnectError(f"the DHT failed to start: {'; '.join(errors)}")

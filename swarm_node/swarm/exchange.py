@@ -28,30 +28,32 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
 
 from protocol import codec, keys
 from protocol.messages import (
-    SUPPORTED_VERSIONS,
     IndexEntry,
     NodeStatus,
     ProtocolError,
     RolloutGroup,
     RolloutIndex,
 )
-from protocol.validate import ValidationLimits, validate_group, validate_status
+from protocol.validate import ValidationLimits, validate_group
 from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.index import ShardedIndex, ShardRead
+from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of this module's drop vocabulary)
+    BAD_VERSION,
+    DECODE_ERROR,
+    SENDER_MISMATCH,
+    WRONG_TYPE,
+    decode_reason,
+    read_statuses,
+)
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
 MIN_CHUNK_BYTES = 64 << 10  # an index may not list more than size / MIN_CHUNK_BYTES + 1 chunks
 MAX_INDEX_ENTRIES = 256  # per node per window; an index entry is ~100-200 bytes, the record <= 64 KiB
 
-DECODE_ERROR = "decode_error"
-BAD_VERSION = "bad_version"
-WRONG_TYPE = "wrong_type"
-SENDER_MISMATCH = "sender_mismatch"
 INDEX_MISMATCH = "index_mismatch"
 OVERSIZED = "oversized"
 STALE = "stale"
@@ -60,28 +62,7 @@ BAD_TIMESTAMP = "bad_timestamp"
 DUPLICATE = "duplicate"
 FETCH_TIMEOUT = "fetch_timeout"
 
-__all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange", "owned_key_schedule"]
-
-
-def owned_key_schedule(swarm_id: str, window_seconds: float, staleness_windows: int) -> Callable[[float], list[str]]:
-    """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator):
-    the status key and every index shard (all levels) of the windows around `now`."""
-
-    window_keys = lru_cache(maxsize=2 * staleness_windows + 16)(partial(keys.window_index_keys, swarm_id))
-
-    def keys_at(now: float) -> list[str]:
-        w = keys.window_of(now, window_seconds)
-        lo = max(0, w - staleness_windows - 2)
-        return [keys.status_key(swarm_id)] + [k for i in range(lo, w + 3) for k in window_keys(i)]
-
-    return keys_at
-
-
-def decode_reason(data: bytes) -> str:
-    """Why `data` failed to decode: `bad_version` for a well-framed message of another version."""
-    if len(data) >= 3 and data[:2] == codec.MAGIC and data[2] not in SUPPORTED_VERSIONS:
-        return BAD_VERSION
-    return DECODE_ERROR
+__all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange"]
 
 
 @dataclass
@@ -204,26 +185,7 @@ class RolloutExchange:
 
     def read_statuses(self, timeout: float) -> list[NodeStatus]:
         """Valid status records of live peers (including this node's), sorted by peer id."""
-        out = []
-        for owner, item in self.transport.get_all(keys.status_key(self.swarm_id), timeout).items():
-            try:
-                status = codec.decode(item.value)
-            except ProtocolError:
-                self.drops.add("status_" + decode_reason(item.value))
-                continue
-            reason = None
-            if not isinstance(status, NodeStatus):
-                reason = WRONG_TYPE
-            elif status.peer_id != owner:
-                reason = SENDER_MISMATCH
-            else:
-                reasons = validate_status(status, self.limits)
-                reason = reasons[0] if reasons else None
-            if reason is None:
-                out.append(status)
-            else:
-                self.drops.add("status_" + reason)
-        return sorted(out, key=lambda s: s.peer_id)
+        return read_statuses(self.transport, self.swarm_id, self.limits, self.drops, timeout)
 
     # ---- gathering ----------------------------------------------------------------------
 

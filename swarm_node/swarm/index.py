@@ -35,13 +35,14 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache, partial
 
 from protocol import keys
 from protocol.messages import ProtocolError
 
-__all__ = ["ShardRead", "ShardedIndex", "level_for"]
+__all__ = ["ShardRead", "ShardedIndex", "level_for", "owned_key_schedule"]
 
 
 @dataclass(frozen=True)
@@ -191,3 +192,17 @@ def _estimate(owners: Mapping[ShardRead, int]) -> float:
         if estimate > 0:
             return estimate
     return 0.0
+
+
+def owned_key_schedule(swarm_id: str, window_seconds: float, staleness_windows: int) -> Callable[[float], list[str]]:
+    """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator):
+    the status key and every index shard (all levels) of the windows around `now`."""
+
+    window_keys = lru_cache(maxsize=2 * staleness_windows + 16)(partial(keys.window_index_keys, swarm_id))
+
+    def keys_at(now: float) -> list[str]:
+        w = keys.window_of(now, window_seconds)
+        lo = max(0, w - staleness_windows - 2)
+        return [keys.status_key(swarm_id)] + [k for i in range(lo, w + 3) for k in window_keys(i)]
+
+    return keys_at

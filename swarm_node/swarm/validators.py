@@ -18,7 +18,7 @@ time, so they hold on store and on read alike:
 * `SwarmRecordValidator` refuses an expiration beyond now + `max_ttl_s` (a record cannot squat a
   key for days, a ghost peer cannot sit at step 999999 for ever);
 * `OwnedRecordValidator` stores owned records only under keys of the swarm's key schedule (the
-  `OwnedKeySchedule`, e.g. `exchange.owned_key_schedule`, is the single source of truth) or under
+  `OwnedKeySchedule`, e.g. `index.owned_key_schedule`, is the single source of truth) or under
   the manifest key of the prompt set their value names; the value must decode as a bounded
   message of the key's kind (`RolloutIndex` / `NodeStatus`) signed by its own sender.
 

@@ -18,7 +18,7 @@ def dht_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     start, so a module reuses them across its tests).
     """
     from swarm_node.swarm.dht import HivemindTransport
-    from swarm_node.swarm.exchange import owned_key_schedule
+    from swarm_node.swarm.index import owned_key_schedule
     from swarm_node.swarm.identity import load_node_identity
 
     made: list[HivemindTransport] = []

@@ -10,7 +10,8 @@ import pytest
 
 from protocol import codec, keys
 from protocol.messages import Completion, IndexEntry, NodeStatus, RolloutIndex
-from swarm_node.swarm.exchange import CHUNK_BYTES, RolloutExchange, owned_key_schedule
+from swarm_node.swarm.exchange import CHUNK_BYTES, RolloutExchange
+from swarm_node.swarm.index import owned_key_schedule
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.synthetic import synthetic_group
 from tests.fakes import Clock

@@ -10,8 +10,8 @@ import pytest
 
 from protocol import codec, keys
 from protocol.messages import IndexEntry, ProtocolError, RolloutIndex
-from swarm_node.swarm.exchange import RolloutExchange, owned_key_schedule
-from swarm_node.swarm.index import ShardedIndex, ShardRead, level_for
+from swarm_node.swarm.exchange import RolloutExchange
+from swarm_node.swarm.index import ShardedIndex, ShardRead, level_for, owned_key_schedule
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.synthetic import synthetic_group
 from tests.fakes import Clock
