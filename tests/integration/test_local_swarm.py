@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,55 +14,22 @@ from pathlib import Path
 import pytest
 
 from tests.integration.test_dashboard_browser import CHART_IDS, artifacts_dir, check_dashboard_in_browser, chromium_paths
+from tests.procs import FULL_AND_LORA, tiny_toml, wait_for_line
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 
-TINY_LOCAL = """
-nodes = 2
-[model]
-name = "tiny-random:64x1:a"
-cache_dir = "{cache}"
-device = "cpu"
-[generation]
-group_size = 4
-max_new_tokens = 8
-[train]
-prompts_per_step = 2
-learning_rate = 1e-3
-[task]
-levels = [1]
-size = 50
-[swarm]
-swarm_id = "itest-local"
-fetch_timeout_s = 3.0
-window_seconds = 10.0
-[[node]]
-name = "full"
-set = []
-[[node]]
-name = "lora"
-set = ["model.lora.enabled=true", "model.lora.rank=4"]
-"""
+def tiny_local(cache: Path) -> str:
+    return tiny_toml(cache, nodes=2, train={"learning_rate": 1e-3},
+                     swarm={"swarm_id": "itest-local", "fetch_timeout_s": 3.0, "window_seconds": 10.0}) + FULL_AND_LORA
 
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "swarm_node.cli", *args]
 
 
-def wait_for_line(path: Path, pattern: str, timeout: float, proc: subprocess.Popen) -> re.Match:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = re.search(pattern, path.read_text(errors="replace")) if path.exists() else None
-        if m:
-            return m
-        assert proc.poll() is None, f"process exited with {proc.returncode}: {path.read_text(errors='replace')[-3000:]}"
-        time.sleep(0.5)
-    raise AssertionError(f"no line matching {pattern!r} in {path} after {timeout}s")
-
-
 def test_local_swarm_status_dashboard_and_report(tmp_path):
     config = tmp_path / "local.toml"
-    config.write_text(TINY_LOCAL.format(cache=tmp_path / "cache"))
+    config.write_text(tiny_local(tmp_path / "cache"))
     run_dir = tmp_path / "run"
     out = tmp_path / "local.out"
     env = {**os.environ, "COLUMNS": "200"}
@@ -72,9 +38,9 @@ def test_local_swarm_status_dashboard_and_report(tmp_path):
                                  stdout=f, stderr=subprocess.STDOUT, env=env)
     dash = None
     try:
-        bootstrap = wait_for_line(out, r"bootstrap DHT: (\S+)", 120, local).group(1)
+        bootstrap = wait_for_line(out, r"bootstrap DHT: (\S+)", 120, [local]).group(1)
         node_logs = [run_dir / "node0-full" / "node.log", run_dir / "node1-lora" / "node.log"]
-        peer_ids = [wait_for_line(log, r"peer id (\S+)", 180, local).group(1) for log in node_logs]
+        peer_ids = [wait_for_line(log, r"peer id (\S+)", 180, [local]).group(1) for log in node_logs]
 
         # `status --json` lists both nodes with their model and a step > 0.
         deadline = time.monotonic() + 120
@@ -97,7 +63,7 @@ def test_local_swarm_status_dashboard_and_report(tmp_path):
         with open(dash_out, "wb") as f:
             dash = subprocess.Popen(cli("dashboard", "--initial-peer", bootstrap, "--swarm-id", "itest-local",
                                         "--port", "0", "--poll-interval", "1.0"), stdout=f, stderr=subprocess.STDOUT)
-        url = wait_for_line(dash_out, r"dashboard: (http\S+)", 120, dash).group(1)
+        url = wait_for_line(dash_out, r"dashboard: (http\S+)", 120, [dash]).group(1)
         state = check_dashboard_in_browser(url + "?poll_ms=1000", peer_ids, artifacts_dir() / "dashboard_local_swarm.png",
                                            timeout_s=150)
         assert all(set(peer_ids) <= set(state[c]) for c in CHART_IDS)

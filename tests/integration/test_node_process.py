@@ -4,50 +4,28 @@ makes a node checkpoint and leave within a bound (exit 143)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from swarm_node.assemble import start_transport
 from swarm_node.config import SwarmConfig
+from tests.procs import jsonl_rows, tiny_toml, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 SWARM = "itest-proc"
 
 
 def write_config(path: Path, node_dir: Path, cache: Path, peers: list[str], seed: int) -> Path:
-    path.write_text(f"""
-node_dir = "{node_dir}"
-[model]
-name = "tiny-random:64x1:a"
-cache_dir = "{cache}"
-device = "cpu"
-[generation]
-group_size = 4
-max_new_tokens = 8
-[train]
-prompts_per_step = 2
-total_steps = 1000
-seed = {seed}
-[task]
-levels = [1]
-size = 50
-[swarm]
-swarm_id = "{SWARM}"
-initial_peers = {json.dumps(peers)}
-host_maddrs = ["/ip4/127.0.0.1/tcp/0"]
-fetch_timeout_s = 3.0
-window_seconds = 10.0
-[checkpoint]
-every_steps = 3
-""")
+    path.write_text(tiny_toml(cache, node_dir=node_dir, train={"total_steps": 1000, "seed": seed},
+                              swarm={"swarm_id": SWARM, "initial_peers": peers, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+                                     "fetch_timeout_s": 3.0, "window_seconds": 10.0},
+                              checkpoint={"every_steps": 3}))
     return path
 
 
@@ -63,26 +41,7 @@ def steps(node_dir: Path) -> list[int]:
 
 
 def steps_in(path: Path) -> list[int]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            pass  # a torn last line while the node is writing
-    return out
-
-
-def wait_for(pred, timeout: float, what: str, procs=()) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        for p in procs:
-            assert p.poll() is None, f"a node exited with {p.returncode} while waiting for {what}"
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return [int(r["step"]) for r in jsonl_rows(path) if "step" in r]
 
 
 def peer_id_in(log: Path) -> list[str]:
@@ -98,20 +57,20 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
         cfgs = [write_config(tmp_path / f"n{i}.toml", d, tmp_path / "cache", peers, i) for i, d in enumerate(dirs)]
         procs = [start(c, log) for c, log in zip(cfgs, logs)]
-        wait_for(lambda: all(len(steps(d)) >= 4 for d in dirs), 240, "both nodes to take 4 steps", procs)
+        wait_until(lambda: all(len(steps(d)) >= 4 for d in dirs), 240, "both nodes to take 4 steps", procs)
 
         victim = procs[0]
         victim.send_signal(signal.SIGKILL)
         victim.wait(timeout=10)
         survivor_steps = len(steps(dirs[1]))
-        wait_for(lambda: len(steps(dirs[1])) >= survivor_steps + 2, 120, "the survivor to keep training", [procs[1]])
+        wait_until(lambda: len(steps(dirs[1])) >= survivor_steps + 2, 120, "the survivor to keep training", [procs[1]])
 
         latest = (dirs[0] / "checkpoints" / "latest").read_text().strip()
         checkpoint_step = int(latest.split("-")[-1])
         assert checkpoint_step >= 3
         before_restart = steps(dirs[0])
         procs[0] = start(cfgs[0], logs[0])
-        wait_for(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
+        wait_until(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
         ids = peer_id_in(logs[0])
         assert len(ids) == 2 and ids[0] == ids[1], ids
         # continued from the last checkpoint: the rows of the steps lost with the kill moved aside

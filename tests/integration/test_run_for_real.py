@@ -15,36 +15,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import FULL_AND_LORA, jsonl_rows, tiny_toml, wait_until
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-TINY_NODE = """
-[model]
-name = "tiny-random:64x1:a"
-cache_dir = "{cache}"
-device = "cpu"
-[generation]
-group_size = 2
-max_new_tokens = 4
-[train]
-prompts_per_step = 1
-[task]
-size = 50
-[checkpoint]
-every_steps = 1000
-"""
+SMALLER = dict(generation={"group_size": 2, "max_new_tokens": 4}, train={"prompts_per_step": 1},
+               checkpoint={"every_steps": 1000})
 
-TINY_LOCAL = TINY_NODE + """
-[swarm]
-swarm_id = "itest-run-for-real"
-fetch_timeout_s = 2.0
-window_seconds = 10.0
-[[node]]
-name = "full"
-set = []
-[[node]]
-name = "lora"
-set = ["model.lora.enabled=true", "model.lora.rank=4"]
-"""
+
+def tiny_node(cache: Path) -> str:
+    return tiny_toml(cache, **SMALLER)
+
+
+def tiny_local(cache: Path) -> str:
+    return tiny_toml(cache, **SMALLER, swarm={"swarm_id": "itest-run-for-real", "fetch_timeout_s": 2.0,
+                                              "window_seconds": 10.0}) + FULL_AND_LORA
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +46,7 @@ def env() -> dict[str, str]:
 
 
 def metric_steps(node_dir: Path) -> list[int]:
-    path = node_dir / "metrics.jsonl"
-    out = []
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        try:
-            out.append(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
-            pass  # a line being written
-    return out
+    return [int(r["step"]) for r in jsonl_rows(node_dir / "metrics.jsonl") if "step" in r]
 
 
 def checkpoint_step(node_dir: Path) -> int | None:
@@ -78,16 +56,6 @@ def checkpoint_step(node_dir: Path) -> int | None:
     return json.loads((node_dir / "checkpoints" / latest.read_text().strip() / "meta.json").read_text())["step"]
 
 
-def wait_for(pred, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        assert proc.poll() is None, f"exited {proc.returncode} waiting for {what}: {log.read_text()[-2000:]}"
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-2000:]}")
-
-
 def last_line(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
@@ -95,13 +63,13 @@ def last_line(text: str) -> str:
 
 def test_second_process_is_refused_and_sigterm_checkpoints(tmp_path, cache):
     cfg = tmp_path / "node.toml"
-    cfg.write_text(TINY_NODE.format(cache=cache))
+    cfg.write_text(tiny_node(cache))
     node, log = tmp_path / "node", tmp_path / "a.log"
     with open(log, "wb") as f:
         a = subprocess.Popen(cli("train", "-c", str(cfg), "--steps", "100000", "--node-dir", str(node)),
                              stdout=f, stderr=subprocess.STDOUT, env=env())
     try:
-        wait_for(lambda: len(metric_steps(node)) >= 2, 180, "two steps", a, log)
+        wait_until(lambda: len(metric_steps(node)) >= 2, 180, "two steps", [a], log)
         b = subprocess.run(cli("train", "-c", str(cfg), "--steps", "3", "--node-dir", str(node)),
                            capture_output=True, text=True, env=env(), timeout=120)
         assert b.returncode == 1
@@ -120,7 +88,7 @@ def test_second_process_is_refused_and_sigterm_checkpoints(tmp_path, cache):
 
 def test_ctrl_c_during_startup_exits_130_at_once(tmp_path, cache):
     cfg = tmp_path / "node.toml"
-    cfg.write_text(TINY_NODE.format(cache=cache))
+    cfg.write_text(tiny_node(cache))
     p = subprocess.Popen(cli("train", "-c", str(cfg), "--steps", "100000", "--node-dir", str(tmp_path / "n")),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
     deadline = time.monotonic() + 60
@@ -144,7 +112,7 @@ def handles_sigterm(pid: int) -> bool:
 
 def start_local(tmp_path: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
     cfg = tmp_path / "local.toml"
-    cfg.write_text(TINY_LOCAL.format(cache=cache))
+    cfg.write_text(tiny_local(cache))
     run_dir, out = tmp_path / "run", tmp_path / "local.out"
     with open(out, "wb") as f:  # stdout is a file: plain lines, no live table
         p = subprocess.Popen(cli("local", "-c", str(cfg), "--steps", "100000", "--run-dir", str(run_dir),
@@ -160,8 +128,8 @@ def node_dirs(run_dir: Path) -> list[Path]:
 def test_local_forwards_sigterm_and_every_node_checkpoints(tmp_path, cache):
     p, run_dir, out = start_local(tmp_path, cache)
     try:
-        wait_for(lambda: len(node_dirs(run_dir)) == 2 and all(len(metric_steps(d)) >= 2 for d in node_dirs(run_dir)),
-                 240, "two steps on both nodes", p, out)
+        wait_until(lambda: len(node_dirs(run_dir)) == 2 and all(len(metric_steps(d)) >= 2 for d in node_dirs(run_dir)),
+                   240, "two steps on both nodes", [p], out)
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=120) == 143
     finally:
@@ -183,8 +151,8 @@ def test_local_forwards_sigterm_and_every_node_checkpoints(tmp_path, cache):
 @pytest.mark.slow
 def test_local_killed_with_9_leaves_no_node_training(tmp_path, cache):
     p, run_dir, out = start_local(tmp_path, cache)
-    wait_for(lambda: len(node_dirs(run_dir)) == 2 and all(len(metric_steps(d)) >= 2 for d in node_dirs(run_dir)),
-             240, "two steps on both nodes", p, out)
+    wait_until(lambda: len(node_dirs(run_dir)) == 2 and all(len(metric_steps(d)) >= 2 for d in node_dirs(run_dir)),
+               240, "two steps on both nodes", [p], out)
     p.kill()
     p.wait()
     deadline = time.monotonic() + 60

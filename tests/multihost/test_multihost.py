@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.netns import Topology, missing_requirements
+from tests.procs import jsonl_rows, tiny_toml, wait_until
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,32 +47,10 @@ RELAY_WAIT_S = 330.0  # libp2p reserves a slot at a lone relay after a boot dela
 
 
 def node_config(path: Path, node_dir: Path, cache: Path, peers: list[str], seed: int, client: bool) -> Path:
-    path.write_text(f"""
-node_dir = "{node_dir}"
-[model]
-name = "tiny-random:64x1:a"
-cache_dir = "{cache}"
-device = "cpu"
-[generation]
-group_size = 4
-max_new_tokens = 8
-[train]
-prompts_per_step = 2
-total_steps = 100000
-seed = {seed}
-[task]
-levels = [1]
-size = 50
-[swarm]
-swarm_id = "{SWARM}"
-initial_peers = {json.dumps(peers)}
-host_maddrs = ["/ip4/0.0.0.0/tcp/0"]
-client_mode = {str(client).lower()}
-fetch_timeout_s = 3.0
-window_seconds = {WINDOW_S}
-[checkpoint]
-every_steps = 1000
-""")
+    path.write_text(tiny_toml(cache, node_dir=node_dir, train={"total_steps": 100000, "seed": seed},
+                              swarm={"swarm_id": SWARM, "initial_peers": peers, "host_maddrs": ["/ip4/0.0.0.0/tcp/0"],
+                                     "client_mode": client, "fetch_timeout_s": 3.0, "window_seconds": WINDOW_S},
+                              checkpoint={"every_steps": 1000}))
     return path
 
 
@@ -101,26 +80,19 @@ class Swarm:
         self.spawn(name, ["join", "--config", str(cfg)])
 
     def metrics(self, name: str) -> list[dict]:
-        path = self.tmp / name / "metrics.jsonl"
-        out = []
-        for line in (path.read_text().splitlines() if path.exists() else []):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass  # the line being written
-        return out
+        return jsonl_rows(self.tmp / name / "metrics.jsonl")
 
     def wait(self, pred, timeout: float, what: str) -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            if pred():
-                return time.monotonic() - start
+        """Seconds until `pred` holds; fails, with its log, when a node (not the bootstrap or a
+        probe) exits first."""
+        def check() -> bool:
             for name, p in self.procs.items():
                 if name not in ("boot", "probe") and p.poll() is not None:
                     raise AssertionError(f"{name} exited ({p.returncode}) waiting for {what}:\n"
                                          + self.log(name).read_text(errors="replace")[-3000:])
-            time.sleep(0.5)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            return bool(pred())
+
+        return wait_until(check, timeout, what)
 
     def exchanged_since(self, name: str, t: float, made_after: float | None = None) -> bool:
         """`name` took, after `t`, a peer group made after `made_after` (default `t`): groups made
