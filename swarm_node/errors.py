@@ -103,27 +103,22 @@ def _print_line(text: str) -> None:
 
 def _cli_exception_types() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
     """(usage errors, exits, aborts) of click and of typer's vendored copy of click, where present."""
-    usage: list[type] = []
-    exits: list[type] = []
-    aborts: list[type] = []
+    found: list[tuple[type, type, type]] = []  # (usage error, exit, abort) of each copy
     try:
         import click
 
-        usage.append(click.ClickException)
-        exits.append(click.exceptions.Exit)
-        aborts.append(click.exceptions.Abort)
+        found.append((click.ClickException, click.exceptions.Exit, click.exceptions.Abort))
     except ImportError:
         pass
     try:
         import typer.exceptions
         from typer._click import exceptions as typer_click
 
-        usage.append(typer_click.ClickException)
-        exits.append(typer.exceptions.Exit)
-        aborts.append(typer.exceptions.Abort)
+        found.append((typer_click.ClickException, typer.exceptions.Exit, typer.exceptions.Abort))
     except ImportError:
         pass
-    return tuple(usage), tuple(exits), tuple(aborts)
+    usage, exits, aborts = (tuple(col) for col in zip(*found)) if found else ((), (), ())
+    return usage, exits, aborts
 
 
 def run_cli(main: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> NoReturn:

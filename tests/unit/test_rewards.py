@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
@@ -17,22 +16,12 @@ from swarm_node.tasks.rewards import (
     extract_answer,
     is_well_formatted,
     last_boxed,
-    math_verify_runner,
     parse_number,
 )
 
 
 def gsm(answer: str) -> Problem:
     return Problem(index=0, question="q", answer=answer)
-
-
-@pytest.fixture(scope="module")
-def runner() -> Iterator[BoundedRunner]:
-    """One math-verify worker shared by this module's reward functions (startup costs seconds)."""
-    r = math_verify_runner(10.0)
-    r.start()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ verifier; the same rules for every task (with each task's own marker) and for ow
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,21 +11,13 @@ from swarm_node.config import TaskConfig
 from swarm_node.tasks import Problem, make_reward_fn
 from swarm_node.tasks.answers import prescreen, single_value
 from swarm_node.tasks.bounded import BoundedRunner
-from swarm_node.tasks.rewards import CorrectnessReward, math_verify_runner
+from swarm_node.tasks.rewards import CorrectnessReward
 
 W, G = "41", "42"  # a wrong and the right answer
 
 
 def problem(gold: str = G) -> Problem:
     return Problem(index=0, question="q", answer=gold)
-
-
-@pytest.fixture(scope="module")
-def runner() -> Iterator[BoundedRunner]:
-    r = math_verify_runner(10.0)
-    r.start()
-    yield r
-    r.close()
 
 
 # The strings, for every task: hedged, multi-valued, both sides of an equation, no box.
