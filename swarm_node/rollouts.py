@@ -239,7 +239,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                 generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                 reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
-        batch.newest_created_at = max(batch.newest_created_at or group.created_at, group.created_at)
+        if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
+            batch.newest_created_at = group.created_at
     return batch
 
 

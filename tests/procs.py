@@ -30,8 +30,7 @@ def tiny_config(cache: Path, **sections: dict[str, Any]) -> dict[str, Any]:
             data.setdefault(key, {}).update(value)
         else:
             data[key] = value
-    top = {k: v for k, v in data.items() if not isinstance(v, dict)}  # top-level keys before tables
-    return {**top, **{k: v for k, v in data.items() if isinstance(v, dict)}}
+    return data
 
 
 def tiny_toml(cache: Path, **sections: Any) -> str:

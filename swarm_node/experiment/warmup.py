@@ -118,6 +118,7 @@ def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
     model, tok = _base_model(spec.base)
     examples = _examples(tok, warmup_problems(spec, spec.steps * spec.batch_size // 4 + 64), spec.system_prompt)
     rng = random.Random(spec.seed)
+    log_every = min(100, max(1, spec.steps // 4))  # about four progress lines, at most one per 100 steps
     start = time.perf_counter()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
@@ -134,9 +135,8 @@ def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             losses.append(loss.item())
-            every = min(100, max(1, spec.steps // 4))
-            if (step + 1) % every == 0:
-                log(f"warm-up {spec.cache_name()} step {step + 1}/{spec.steps} loss {sum(losses[-every:]) / every:.4f}")
+            if (step + 1) % log_every == 0:
+                log(f"warm-up {spec.cache_name()} step {step + 1}/{spec.steps} loss {sum(losses[-log_every:]) / log_every:.4f}")
     model.eval()
     model.save_pretrained(out)
     tok.save_pretrained(out)

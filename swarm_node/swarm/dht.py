@@ -67,7 +67,7 @@ from swarm_node.swarm.validators import (
     DEFAULT_MAX_TTL_S,
     OwnedRecordValidator,
     SwarmRecordValidator,
-    owner_of_subkey,
+    owned_values,
 )
 
 __all__ = ["HivemindTransport", "PipeFixedDHT", "SwarmConnectError", "check_initial_peers"]
@@ -293,22 +293,10 @@ class HivemindTransport(Transport):
         now = self.dht_time()
         out: dict[str, dict[str, OwnedValue]] = {}
         for key in keys:
-            out[key] = self._parse_owned(found.get(key), now)
+            out[key] = owned_values(found.get(key), now)
             self.traffic["bytes_in"] += sum(len(v.value) for v in out[key].values())
             self.traffic["records_fetched"] += 1
         return out
-
-    @staticmethod
-    def _parse_owned(found: Any, now: float) -> dict[str, OwnedValue]:
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        entries: dict[str, OwnedValue] = {}
-        for subkey, item in found.value.items():
-            owner = owner_of_subkey(subkey) if isinstance(subkey, bytes) else None
-            if owner is None or not isinstance(item.value, bytes) or item.expiration_time <= now:
-                continue
-            entries[owner] = OwnedValue(item.value, float(item.expiration_time))
-        return entries
 
     # -- blobs -----------------------------------------------------------------------------
     def put_blob(self, data: bytes, expiration_time: float, timeout: float = 10.0) -> str:

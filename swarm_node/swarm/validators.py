@@ -24,7 +24,8 @@ time, so they hold on store and on read alike:
 
 Caps that need the state of a replica (subkeys and bytes per key, bytes per peer) live in the
 storage (`CappedStorage`, installed in the DHT process). Refusals are counted and logged at
-most once a minute (`RefusalLog`), so a flood shows in the node's log.
+most once a minute (`RefusalLog`), so a flood shows in the node's log. The reader's side of the
+subkey format: `owner_of_subkey` and `owned_values` (a read of an owned key as {owner: value}).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import lru_cache
+from typing import Any
 
 import pydantic.v1 as pydantic_v1
 from hivemind.dht.crypto import RSASignatureValidator
@@ -50,7 +52,7 @@ from hivemind.utils import get_dht_time
 from protocol import codec, keys
 from protocol.messages import NodeStatus, PromptSetManifest, ProtocolError, RolloutIndex
 from swarm_node.swarm.identity import owner_id
-from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_digest
+from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, OwnedValue, blob_digest
 
 logger = logging.getLogger(__name__)
 
@@ -353,3 +355,17 @@ def owner_of_subkey(subkey: bytes) -> str | None:
         return owner_id(match.group(1))
     except ValueError:
         return None
+
+
+def owned_values(found: Any, now: float) -> dict[str, OwnedValue]:
+    """A DHT read of an owned key (hivemind's dictionary value, or None) as {owner: value}: entries
+    whose subkey names no owner, whose value is not bytes, or that expired by `now` are left out."""
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    entries: dict[str, OwnedValue] = {}
+    for subkey, item in found.value.items():
+        owner = owner_of_subkey(subkey) if isinstance(subkey, bytes) else None
+        if owner is None or not isinstance(item.value, bytes) or item.expiration_time <= now:
+            continue
+        entries[owner] = OwnedValue(item.value, float(item.expiration_time))
+    return entries
