@@ -137,6 +137,12 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                       rejects=RejectList(node_dir / FILE_NAME))
     if dht_time is not None:
         parts.dht_time = dht_time
+    if cfg.eval.problems:
+        from swarm_node.heldout_eval import HeldoutEvaluator
+
+        evaluator = HeldoutEvaluator(cfg, policy, prompt_set)
+        close_hooks.append(evaluator.close)
+        parts.evaluate = evaluator
     # Written once the node has started, so a failed start leaves the previous one in place.
     atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
     return parts, start_step

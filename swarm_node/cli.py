@@ -57,6 +57,7 @@ NodeDirOpt = Annotated[Optional[Path], typer.Option("--node-dir", help="Node dir
                                                     show_default="node_dir of the config: ./node")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=1, help="Train until this step (train.total_steps).",
                                                  show_default="train.total_steps of the config: 100")]
+DEFAULT_EVAL_PROBLEMS = 64  # `swarm-node local`: held-out problems per evaluation
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs; tracebacks on errors.")]
 
 
@@ -284,13 +285,17 @@ def local(nodes: Annotated[Optional[int], typer.Option(min=1, max=16, help="Node
           set_: SetOpt = None,
           stop_timeout: Annotated[float, typer.Option(min=1.0, help="On Ctrl-C/SIGTERM: seconds the nodes get to "
                                                       "finish their step and checkpoint before they are killed.")] = 120.0,
+          eval_problems: Annotated[int, typer.Option(min=1, max=100_000, help="Held-out problems each node "
+                                                     "evaluates (greedy) before its first step and after its last.")
+                                   ] = DEFAULT_EVAL_PROBLEMS,
+          no_eval: Annotated[bool, typer.Option("--no-eval", help="Skip the held-out evaluations.")] = False,
           verbose: VerboseOpt = False) -> None:
     """A bootstrap DHT and N nodes on this machine, with a live table and a summary."""
     _setup_logging(verbose)
     from swarm_node.local import run_local
 
     code = run_local(nodes=nodes, steps=steps, config=config, run_dir=run_dir, overrides=set_ or [],
-                     stop_timeout=stop_timeout)
+                     stop_timeout=stop_timeout, eval_problems=0 if no_eval else eval_problems)
     raise typer.Exit(code)
 
 

@@ -164,6 +164,14 @@ class TaskConfig(_Section):
     system_prompt: str | None = Field(
         None, description="Replaces the default instruction (reason briefly, answer in \\boxed{}) in the user turn."
     )
+    worked_example: bool = Field(
+        True,
+        description=(
+            "Show one solved problem (`tasks.prompts.WORKED_EXAMPLE`, answered in one \\boxed{}) before the question. "
+            "The embedded SmolLM2-135M never writes a box without it (greedy 0/64) and earns reward with it "
+            "(docs/results.md, 'The embedded default earns reward'); nodes of a swarm should agree on it."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_levels(self) -> TaskConfig:
@@ -252,6 +260,20 @@ class CheckpointConfig(_Section):
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation the node runs itself: greedy pass@1 before its first step and after its
+    last, on problems no node trains on (`swarm_node.tasks.heldout`), logged to `NODE_DIR/evals.jsonl`."""
+
+    problems: int = Field(
+        0, ge=0, le=100_000,
+        description="Held-out problems evaluated (0: no evaluation). `swarm-node local` sets 64 (--eval-problems).",
+    )
+    batch_size: int = Field(16, ge=1, le=1024, description="Prompts decoded together in one greedy batch.")
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=32768, description="Completion cap of the evaluation (None: generation.max_new_tokens)."
+    )
+
+
 class MetricsConfig(_Section):
     jsonl: bool = Field(True, description="Write metrics.jsonl in the node directory.")
     prometheus_addr: str | None = Field(None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9400.")
@@ -269,10 +291,14 @@ class NodeConfig(_Section):
     task: TaskConfig = Field(default_factory=TaskConfig)
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="after")
     def _check(self) -> NodeConfig:
+        if self.eval.problems and self.task.name != "arithmetic":
+            raise ValueError(f"eval.problems needs a built-in held-out set, which only the arithmetic task has "
+                             f"(task.name is {self.task.name!r}): set eval.problems=0 and use `swarm-node eval`")
         if self.task.name in ("gsm8k", "math500") and self.swarm.prompt_set_id is None and not self.task.source:
             raise ValueError(f"task.source is required for task {self.task.name!r} (a hub id or a local .jsonl path)")
         lo, hi = self.swarm.min_peer_group_size, self.swarm.max_peer_group_size

@@ -110,6 +110,7 @@ def evaluate(
     max_new_tokens: int = 256,
     device: str | torch.device = "cpu",
     system_prompt: str | None = None,
+    worked_example: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Greedy pass@1 on the first `limit` problems (all when None).
@@ -129,7 +130,7 @@ def evaluate(
     try:
         for b in range(0, len(problems), batch_size):
             batch = problems[b: b + batch_size]
-            prompts = [render_prompt(tokenizer, p.question, system_prompt) for p in batch]
+            prompts = [render_prompt(tokenizer, p.question, system_prompt, worked_example) for p in batch]
             completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, device)
             for problem, (completion, stopped) in zip(batch, completions, strict=True):
                 text = tokenizer.decode(completion, skip_special_tokens=True)

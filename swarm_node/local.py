@@ -30,15 +30,17 @@ from rich.console import Console
 
 from swarm_node import lifecycle
 from swarm_node.atomic import atomic_write_text
-from swarm_node.config import NodeConfig, apply_override
+from swarm_node.config import NodeConfig, SwarmConfig, apply_override
 from swarm_node.errors import ConfigError, describe, one_line
 from swarm_node.local_view import LiveView
 
-# Small enough that two nodes sharing two CPU cores finish a few steps in minutes; rewards are mixed
-# at these arithmetic levels for the embedded SmolLM2-135M (see tasks/arithmetic.py).
+# Small enough that two nodes sharing two CPU cores run a dozen steps in minutes. With the task's
+# worked example the embedded SmolLM2-135M answers level-1 arithmetic in about 25 tokens and most of
+# its groups have mixed rewards (docs/results.md, "The embedded default earns reward").
 LOCAL_DEFAULTS: list[str] = [
     "generation.group_size=6",
-    "generation.max_new_tokens=96",
+    "generation.max_new_tokens=32",
+    "eval.batch_size=32",
     "train.prompts_per_step=2",
     "train.micro_batch_size=6",
     "train.learning_rate=1e-5",
@@ -107,12 +109,14 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
 
 
 def _node_config(shared: dict[str, Any], node: dict[str, Any], index: int, run_dir: Path, steps: int,
-                 bootstrap: list[str], overrides: list[str]) -> NodeConfig:
+                 bootstrap: list[str], overrides: list[str], eval_problems: int = 0) -> NodeConfig:
     name = node.get("name", f"node{index}")
     try:
         data = json.loads(json.dumps(shared))
         for item in [*node.get("set", []), *overrides]:
             apply_override(data, item)
+        if data.get("task", {}).get("name", "arithmetic") == "arithmetic":  # the one built-in held-out set
+            data.setdefault("eval", {})["problems"] = eval_problems
         data["node_dir"] = str(run_dir / f"node{index}-{name}")
         data.setdefault("train", {})["total_steps"] = steps
         data.setdefault("train", {}).setdefault("seed", index)
@@ -125,6 +129,25 @@ def _node_config(shared: dict[str, Any], node: dict[str, Any], index: int, run_d
         typed = describe(e)
         what = typed.what if typed is not None else f"invalid configuration: {one_line(str(e))}"
         raise ConfigError(f"node {name}: {what}", "fix the --config file or the --set override") from e
+
+
+# The swarm settings every replica must share: they decide which index keys a replica accepts
+# (`swarm.index.owned_key_schedule`), so a replica with other values refuses honest records.
+SCHEDULE_FIELDS = ("swarm_id", "window_seconds", "staleness_steps")
+
+
+def bootstrap_swarm_config(configs: list[NodeConfig]) -> SwarmConfig:
+    """The bootstrap replica's swarm settings: the nodes' own (so it stores exactly the keys they
+    write), listening on loopback, with no initial peers. The nodes must agree on SCHEDULE_FIELDS."""
+    first = configs[0].swarm
+    for cfg in configs[1:]:
+        differ = [f for f in SCHEDULE_FIELDS if getattr(cfg.swarm, f) != getattr(first, f)]
+        if differ:
+            raise ConfigError(f"nodes disagree on swarm.{differ[0]} ({getattr(first, differ[0])!r} vs "
+                              f"{getattr(cfg.swarm, differ[0])!r}): their DHT replicas would refuse each other's "
+                              "records", f"set swarm.{differ[0]} once for all nodes, not per node")
+    return first.model_copy(update={"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "initial_peers": [],
+                                    "announce_maddrs": []})
 
 
 def _preflight(configs: list[NodeConfig], run_dir: Path) -> None:
@@ -176,29 +199,27 @@ def stop_nodes(procs: list[NodeProc], timeout_s: float = SHUTDOWN_GRACE_S) -> li
 
 
 def run_local(*, nodes: int | None, steps: int, config: Path | None, run_dir: Path | None, overrides: list[str],
-              stop_timeout: float = SHUTDOWN_GRACE_S) -> int:
+              stop_timeout: float = SHUTDOWN_GRACE_S, eval_problems: int = 0) -> int:
     from swarm_node.assemble import start_transport
-    from swarm_node.config import SwarmConfig
 
     console = Console()
     run_dir = Path(run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S"))
     shared, per_node = plan_nodes(nodes, config)
     # Validate and check every node's config before starting anything, so a typo costs nothing.
-    probe = [_node_config(shared, n, i, run_dir, steps, [], overrides) for i, n in enumerate(per_node)]
+    probe = [_node_config(shared, n, i, run_dir, steps, [], overrides, eval_problems) for i, n in enumerate(per_node)]
     _preflight(probe, run_dir)
-    swarm_id = probe[0].swarm.swarm_id
 
     t0 = time.monotonic()
     procs: list[NodeProc] = []
     stop_signal: list[int] = []
-    bootstrap = start_transport(SwarmConfig(swarm_id=swarm_id, host_maddrs=["/ip4/127.0.0.1/tcp/0"]),
-                                run_dir / "bootstrap")
+    bootstrap = start_transport(bootstrap_swarm_config(probe), run_dir / "bootstrap")
     view = LiveView(console, steps)
     try:
         maddrs = [str(m) for m in bootstrap.visible_maddrs]
         console.print(f"bootstrap DHT: {maddrs[0] if maddrs else '?'}  run dir: {run_dir}", soft_wrap=True)
         for i, node in enumerate(per_node):
-            procs.append(_start_node(_node_config(shared, node, i, run_dir, steps, maddrs, overrides), node["name"]))
+            cfg = _node_config(shared, node, i, run_dir, steps, maddrs, overrides, eval_problems)
+            procs.append(_start_node(cfg, node["name"]))
         lifecycle.on_stop(stop_signal.append)  # Ctrl-C or SIGTERM: stop the nodes cleanly
         failed = _watch(procs, view, stop_signal)
         if stop_signal or failed:
@@ -230,14 +251,17 @@ def _watch(procs: list[NodeProc], view: LiveView, stop_signal: list[int]) -> Nod
 
 def _summarise(console: Console, procs: list[NodeProc], run_dir: Path, seconds: float, stop_signal: list[int]) -> int:
     from swarm_node.preflight import last_error_line
-    from swarm_node.report import find_metrics_files, write_report
+    from swarm_node.report import console_lines, find_metrics_files, read_summary, write_report
 
     stopped = {0, lifecycle.exit_code_for(signal.SIGINT), lifecycle.exit_code_for(signal.SIGTERM)}
     failed = [p for p in procs if p.proc.returncode not in stopped]  # stopped cleanly is not a failure
     console.print(f"wall time {seconds:.0f}s; logs: {run_dir}/*/node.log; metrics: {run_dir}/*/metrics.jsonl",
                   soft_wrap=True)
     if find_metrics_files(run_dir):
-        console.print(f"report and plots: {write_report(run_dir)}", soft_wrap=True)
+        summary = write_report(run_dir)
+        for line in console_lines(read_summary(summary.parent)):
+            console.print(line, soft_wrap=True, highlight=False)
+        console.print(f"report and plots: {summary} (numbers: {summary.parent / 'summary.json'})", soft_wrap=True)
     else:
         console.print("no node finished a step: no report", soft_wrap=True)
     for p in failed:

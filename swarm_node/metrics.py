@@ -8,7 +8,10 @@ Counting conventions (all counts are *per step*, never cumulative):
   - `own_samples`: completions this node generated that entered the step's batch.
   - `peer_samples`: peer completions that entered the step's batch (fetched, validated, under the
     peer-share cap). Filtered ones are included: they still count in their group's mean/std.
-  - `peer_samples_used`: peer completions in the batch that carried gradient (not filtered).
+  - `peer_samples_used`: peer completions in the batch that were not filtered.
+  - `peer_samples_gradient`: peer completions that carried gradient: not filtered and a nonzero
+    advantage (in the unfiltered variants a group of equal rewards is used but teaches nothing).
+  - `mixed_groups`: fraction of own groups whose rewards are not all equal (GRPO learns only from these).
   - `samples`: the batch size, own_samples + peer_samples.
   - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
     sample is counted under the first reason that applies (non-positive advantage, then KL).
@@ -40,6 +43,8 @@ ACCURACY = "accuracy"
 OWN_SAMPLES = "own_samples"
 PEER_SAMPLES = "peer_samples"
 PEER_SAMPLES_USED = "peer_samples_used"
+PEER_SAMPLES_GRADIENT = "peer_samples_gradient"
+MIXED_GROUPS = "mixed_groups"
 FILTERED_NONPOSITIVE_ADVANTAGE = "filtered_nonpositive_advantage"
 FILTERED_KL = "filtered_kl"
 FILTERED_FRACTION = "filtered_fraction"
@@ -94,7 +99,9 @@ METRICS: dict[str, str] = {
     ACCURACY: "Fraction of own completions judged correct in the step.",
     OWN_SAMPLES: "Own completions in the step's batch.",
     PEER_SAMPLES: "Peer completions in the step's batch (filtered ones included).",
-    PEER_SAMPLES_USED: "Peer completions in the batch that carried gradient (not filtered).",
+    PEER_SAMPLES_USED: "Peer completions in the batch that were not filtered.",
+    PEER_SAMPLES_GRADIENT: "Peer completions that carried gradient (not filtered, nonzero advantage).",
+    MIXED_GROUPS: "Fraction of own groups whose rewards are not all equal.",
     FILTERED_NONPOSITIVE_ADVANTAGE: "Batch samples filtered for a non-positive advantage.",
     FILTERED_KL: "Batch samples filtered because KL(pi_theta || pi_gen) exceeded g.",
     FILTERED_FRACTION: "Filtered samples / samples in the batch.",

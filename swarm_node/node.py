@@ -48,6 +48,7 @@ class NodeParts:
     save_checkpoint: Callable[[dict[str, Any]], None] | None = None
     close_hooks: list[Callable[[], None]] = field(default_factory=list)
     rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
+    evaluate: Callable[[int], Any] | None = None  # held-out evaluation at a step (heldout_eval.py)
 
 
 class Node:
@@ -79,9 +80,14 @@ class Node:
     def run(self, max_steps: int | None = None) -> None:
         """Run up to `max_steps` more steps (default: until train.total_steps)."""
         end = self.cfg.train.total_steps if max_steps is None else self.step + max_steps
+        evaluate = self.parts.evaluate
         try:
+            if evaluate is not None and self.step == 0 and self.step < end:
+                evaluate(0)  # before any training (a resumed node has its step-0 row already)
             while self.step < end and not self._stop.is_set():
                 self.run_step()
+            if evaluate is not None and self.step >= end and not self._stop.is_set():
+                evaluate(self.step)  # after the last step; a stopped node leaves without it
         finally:
             self._shutdown()
 
@@ -141,6 +147,7 @@ class Node:
             "time": now,
             "reward_mean": own.reward_mean,
             "accuracy": own.accuracy,
+            "mixed_groups": own.mixed_fraction,
             "own_samples": float(len(own.samples)),
             "peer_samples": float(len(peer.samples)),
             "peer_groups": float(peer.groups),

@@ -194,6 +194,7 @@ class ObjectiveStats:
     n_filtered_nonpositive_advantage: Tensor
     n_filtered_kl: Tensor
     n_peer_filtered: Tensor
+    n_peer_gradient: Tensor  # peer samples with A' != 0: not filtered and a nonzero advantage
     n_tokens: Tensor
     n_active_tokens: Tensor
     rho_sum: Tensor
@@ -238,6 +239,7 @@ class ObjectiveStats:
             "samples": float(n),
             "peer_samples": float(self.n_peer_samples),
             "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
+            "peer_samples_gradient": float(self.n_peer_gradient),
             "filtered": float(self.n_filtered),
             "filtered_fraction": frac(self.n_filtered, n),
             "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
@@ -378,6 +380,7 @@ def _stats(
         n_filtered_nonpositive_advantage=bad_adv.sum().to(f64),
         n_filtered_kl=bad_kl.sum().to(f64),
         n_peer_filtered=((bad_adv | bad_kl) & inputs.is_peer).sum().to(f64),
+        n_peer_gradient=((adv != 0) & inputs.is_peer).sum().to(f64),
         n_tokens=mask.sum().to(f64),
         n_active_tokens=active.sum().to(f64),
         rho_sum=(rho * maskf).sum(dtype=f64),

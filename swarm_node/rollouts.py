@@ -59,6 +59,11 @@ class OwnBatch:
         flat = [r for group in self.rewards for r in group]
         return float(np.mean([r >= 1.0 for r in flat])) if flat else 0.0
 
+    @property
+    def mixed_fraction(self) -> float:
+        """Fraction of groups whose rewards are not all equal: the groups GRPO learns from."""
+        return float(np.mean([len(set(g)) > 1 for g in self.rewards])) if self.rewards else 0.0
+
 
 @dataclass
 class PeerBatch:
@@ -89,7 +94,9 @@ def render_prompts(parts: Any, problems: Sequence[Problem]) -> list[list[int]]:
     from swarm_node.tasks import render_prompt
 
     with _TOKENIZER_LOCK:
-        return [render_prompt(parts.policy.tokenizer, p.question, parts.config.task.system_prompt) for p in problems]
+        task = parts.config.task
+        return [render_prompt(parts.policy.tokenizer, p.question, task.system_prompt, task.worked_example)
+                for p in problems]
 
 
 def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],

@@ -47,18 +47,9 @@ def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[
 
 def heldout_set(spec: ExperimentSpec, train_sets: list[PromptSet]) -> PromptSet:
     """The first `eval.problems` problems of the eval task that no node trains on (by question text)."""
-    from swarm_node.tasks import load_prompt_set
+    from swarm_node.tasks.heldout import disjoint_heldout
 
-    task = eval_task(spec)
-    seen = {p.question.strip() for ps in train_sets for p in ps.problems}
-    if task.name == "arithmetic":
-        task = task.model_copy(update={"size": max(task.size, 20 * spec.eval.problems)})
-    pool = load_prompt_set(task)
-    kept = [p for p in pool.problems if p.question.strip() not in seen][: spec.eval.problems]
-    if len(kept) < spec.eval.problems:
-        raise ValueError(f"only {len(kept)} held-out problems remain after removing training problems; "
-                         f"eval.problems is {spec.eval.problems}: use another eval task seed or fewer problems")
-    return PromptSet(id=content_id(f"heldout-{task.name}", kept), answer_kind=pool.answer_kind, problems=tuple(kept))
+    return disjoint_heldout(eval_task(spec), train_sets, spec.eval.problems)
 
 
 class Evaluator:
