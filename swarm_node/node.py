@@ -82,11 +82,12 @@ class Node:
         end = self.cfg.train.total_steps if max_steps is None else self.step + max_steps
         evaluate = self.parts.evaluate
         try:
-            if evaluate is not None and self.step == 0 and self.step < end:
+            start = self.step
+            if evaluate is not None and start == 0 and start < end:
                 evaluate(0)  # before any training (a resumed node has its step-0 row already)
             while self.step < end and not self._stop.is_set():
                 self.run_step()
-            if evaluate is not None and self.step >= end and not self._stop.is_set():
+            if evaluate is not None and end <= self.step > start and not self._stop.is_set():
                 evaluate(self.step)  # after the last step; a stopped node leaves without it
         finally:
             self._shutdown()

@@ -104,7 +104,7 @@ def summarize(name: str, records: Sequence[dict[str, float]], window: int = 5,
     quarter = max(1, len(rewards) // 4)
     before, after = before_after(list(evals))
     steps = _series(records, m.STEP)
-    evals = _series(records, m.EVAL_ACCURACY)
+    eval_acc = _series(records, m.EVAL_ACCURACY)
     drops: dict[str, float] = {}
     for r in records:
         for reason, n in m.dropped_counts(r).items():
@@ -116,7 +116,7 @@ def summarize(name: str, records: Sequence[dict[str, float]], window: int = 5,
         reward_first=_mean(rewards[:window]),
         reward_last=_mean(rewards[-window:]),
         accuracy_last=_mean(_series(records, m.ACCURACY)[-window:]),
-        eval_accuracy=evals[-1] if evals else None,
+        eval_accuracy=eval_acc[-1] if eval_acc else None,
         own_samples=sum(_series(records, m.OWN_SAMPLES)),
         peer_samples_used=sum(_series(records, m.PEER_SAMPLES_USED)),
         filtered_fraction_mean=_mean(_series(records, m.FILTERED_FRACTION)),

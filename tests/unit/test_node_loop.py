@@ -119,6 +119,21 @@ def test_isolated_node_and_resume_from_checkpoint(tmp_path):
     assert resumed.step == 3
 
 
+def test_node_evaluates_held_out_before_the_first_step_and_after_the_last(tmp_path):
+    from swarm_node.heldout_eval import read_evals
+
+    node = make_node(tmp_path, None, "evaluated", extra=["eval.problems=4", "eval.max_new_tokens=4"])
+    node.run()
+    rows = read_evals(tmp_path / "evaluated")
+    assert [r["step"] for r in rows] == [0, 3]
+    assert all(r["n"] == 4 and 0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    assert rows[0]["heldout"] == rows[1]["heldout"]
+    assert all(0.0 <= m["mixed_groups"] <= 1.0 for m in node.history)
+    resumed = make_node(tmp_path, None, "evaluated", extra=["eval.problems=4", "eval.max_new_tokens=4"])
+    resumed.run()  # nothing left to train: no new step, no new "before" row
+    assert [r["step"] for r in read_evals(tmp_path / "evaluated")] == [0, 3]
+
+
 def test_stop_before_run_takes_no_step(tmp_path):
     node = make_node(tmp_path, None, "stopper")
     node.stop()

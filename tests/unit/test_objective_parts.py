@@ -91,6 +91,7 @@ def test_stats_values_on_a_handmade_batch():
     kl1 = math.exp(1.0) - 1.0 - 1.0  # delta = gen - theta = 1
     assert d["samples"] == 2 and d["peer_samples"] == 1 and d["tokens"] == 3 and d["active_tokens"] == 2
     assert d["filtered"] == 1 and d["filtered_fraction"] == 0.5 and d["peer_samples_used"] == 0
+    assert d["peer_samples_gradient"] == 0
     assert d["filtered_nonpositive_advantage"] == 1 and d["filtered_kl"] == 0
     assert d["is_weight_mean"] == pytest.approx(sum(rho) / 3)
     assert d["is_weight_max"] == pytest.approx(math.exp(2.0))
@@ -135,3 +136,16 @@ def test_config_defaults_are_the_papers():
     with pytest.raises(ValueError):
         ObjectiveConfig(variant="ppo")
     assert NodeConfig.load(overrides=["objective.variant='f-vis'"]).objective.variant == "f-vis"
+
+
+def test_peer_samples_gradient_counts_nonzero_advantage_only():
+    """Unfiltered variants use every peer sample, but one with A = 0 teaches nothing."""
+    lp = torch.full((3, 2), -1.0, dtype=torch.float64)
+    inputs = ObjectiveInputs(
+        trainer_logprobs=lp.clone().requires_grad_(True), step_start_logprobs=lp, generator_logprobs=lp,
+        mask=torch.ones((3, 2), dtype=torch.bool), advantages=torch.tensor([0.0, 1.0, -1.0], dtype=torch.float64),
+        is_peer=torch.tensor([True, True, True]), sample_weights=torch.full((3,), 1 / 3, dtype=torch.float64))
+    tis = objective_loss(inputs, ObjectiveConfig(variant="tis"))[1].to_dict()
+    assert tis["peer_samples_used"] == 3 and tis["peer_samples_gradient"] == 2
+    ftis = objective_loss(inputs, ObjectiveConfig(variant="f-tis"))[1].to_dict()
+    assert ftis["peer_samples_used"] == 1 and ftis["peer_samples_gradient"] == 1

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from swarm_node import metrics as m
-from swarm_node.report import find_metrics_files, summarize, write_report
+from swarm_node.report import console_lines, find_metrics_files, read_summary, summarize, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -26,7 +26,7 @@ def _records(rewards, acc, peer_used, drops_every=None):
     for s, (r, a, p) in enumerate(zip(rewards, acc, peer_used, strict=True), start=1):
         rec = {m.STEP: s, m.REWARD_MEAN: r, m.ACCURACY: a, m.OWN_SAMPLES: 32, m.PEER_SAMPLES_USED: p,
                m.FILTERED_FRACTION: 0.25, m.KL_MEAN: 1.0 / s, m.KL_P90: 2.0 / s,
-               m.IS_WEIGHT_MEAN: 1.0, m.IS_WEIGHT_MAX: 1.5 + s}
+               m.IS_WEIGHT_MEAN: 1.0, m.IS_WEIGHT_MAX: 1.5 + s, m.MIXED_GROUPS: 0.5, m.PEER_SAMPLES_GRADIENT: p // 2}
         if drops_every and s % drops_every == 0:
             rec["dropped_stale"] = 2
             rec["dropped_bad_tokenizer"] = 1
@@ -42,6 +42,8 @@ def run_dir(tmp_path):
     b = _records([0.2, 0.2, 0.4, 0.6], [0.1, 0.3, 0.5, 0.7], [2, 2, 2, 2])
     b[-1][m.EVAL_ACCURACY] = 0.42
     _write_node(run / "node-0", a)
+    (run / "node-0" / "evals.jsonl").write_text('{"step": 0, "accuracy": 0.25, "n": 64}\n'
+                                                '{"step": 8, "accuracy": 0.5, "n": 64}\n')
     _write_node(run / "node-1", b, torn_tail=True)
     return run
 
@@ -62,12 +64,21 @@ def test_report_writes_plots_and_hand_checked_table(run_dir):
         assert f"![{stem}]({stem}.png)" in summary.read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in summary.read_text().splitlines() if line.startswith("| node-")}
-    # node-0: first 3 rewards (0, .1, .2) -> 0.1; last 3 (.5, .6, .7) -> 0.6; last 3 accuracies
-    # (.5, .5, .6) -> 0.533; peer used 0+4+8*6 = 52; own 8*32 = 256; drops at steps 3 and 6.
-    assert rows["node-0"] == ["8", "8", "0.100", "0.600", "0.533", "", "256", "52", "0.250",
-                              "bad_tokenizer: 2, stale: 4"]
-    # node-1: the torn last line is ignored; rewards (.2,.2,.4) -> .267 and (.2,.4,.6) -> .4.
-    assert rows["node-1"] == ["4", "4", "0.267", "0.400", "0.500", "0.420", "128", "8", "0.250", "none"]
+    # node-0: held-out 0.25 -> 0.5 (evals.jsonl); 8 rewards, quarters of 2: (0, .1) -> 0.05 and
+    # (.6, .7) -> 0.65; last 3 accuracies (.5, .5, .6) -> 0.533; own 8*32 = 256; peer used
+    # 0+4+8*6 = 52, with gradient half of each: 26; drops at steps 3 and 6.
+    assert rows["node-0"] == ["8", "0.250", "0.500", "0.050", "0.650", "0.500", "0.533", "256", "52", "26",
+                              "0.250", "bad_tokenizer: 2, stale: 4"]
+    # node-1: the torn last line is ignored; no evaluation; quarters of 1: 0.2 and 0.6.
+    assert rows["node-1"] == ["4", "", "", "0.200", "0.600", "0.500", "0.500", "128", "8", "4", "0.250", "none"]
+    assert "held-out (64) before | after" in summary.read_text()
+    assert _png_size(run_dir / "report" / "heldout.png")[2] > 5000
+    saved = {r["name"]: r for r in json.loads((run_dir / "report" / "summary.json").read_text())}
+    assert saved["node-0"]["heldout_before"] == 0.25 and saved["node-0"]["heldout_after"] == 0.5
+    assert saved["node-1"]["heldout_before"] is None and saved["node-1"]["reward_last_quarter"] == 0.6
+    lines = console_lines(read_summary(run_dir / "report"))
+    assert lines[0].startswith("node-0: held-out 0.250 -> 0.500; reward first quarter 0.050 -> last quarter 0.650")
+    assert lines[1].startswith("node-1: held-out not evaluated")
 
 
 def test_summarize_window_and_missing_values():

@@ -57,7 +57,9 @@ def test_damaged_newest_checkpoint_falls_back_and_rows_are_superseded(capsys, tm
     code, out, _ = run(capsys, "report", str(node))
     assert code == 0
     summary = (node / "report" / "summary.md").read_text()
-    assert "| n | 5 | 5 |" in summary  # 5 steps, last step 5: none counted twice
+    assert "| n | 5 |" in summary  # 5 steps, last step 5: none counted twice
+    saved = json.loads((node / "report" / "summary.json").read_text())
+    assert (saved[0]["steps"], saved[0]["last_step"]) == (5, 5)
 
 
 def test_every_checkpoint_damaged_is_a_one_line_runtime_error(capsys, tmp_path):

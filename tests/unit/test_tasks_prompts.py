@@ -88,3 +88,25 @@ def test_select_prompts_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError):
         select_prompts("p", -1, 1, 5)
     assert select_prompts("p", 0, 0, 5) == []
+
+
+def test_worked_example_comes_first_in_both_formats() -> None:
+    from swarm_node.tasks.prompts import WORKED_EXAMPLE
+
+    q, a = WORKED_EXAMPLE
+    chat = char_tokenizer(CHATML)
+    text = chat.decode(render_prompt(chat, "What is 2 plus 3?", worked_example=True))
+    assert text == (f"<|im_start|>user\n{q}\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n{a}<|im_end|>\n"
+                    f"<|im_start|>user\nWhat is 2 plus 3?\n{DEFAULT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+    assert a.count("\\boxed{") == 1  # the example shows exactly the one-answer format the reward accepts
+    plain = char_tokenizer(None)
+    assert plain.decode(render_prompt(plain, "What is 2 plus 3?", worked_example=True), skip_special_tokens=True) == (
+        f"{DEFAULT_INSTRUCTION}\n\nQuestion: {q}\nAnswer: {a}\n\nQuestion: What is 2 plus 3?\nAnswer:")
+
+
+def test_worked_example_is_no_problem_of_the_default_levels() -> None:
+    from swarm_node.tasks.arithmetic import arithmetic_prompt_set
+    from swarm_node.tasks.prompts import WORKED_EXAMPLE
+
+    questions = {p.question for p in arithmetic_prompt_set([1, 2], 20_000).problems}
+    assert WORKED_EXAMPLE[0] not in questions
