@@ -84,3 +84,8 @@ def test_local_swarm_status_dashboard_and_report(tmp_path):
     summary = (run_dir / "report" / "summary.md").read_text()
     assert "node0-full" in summary and "node1-lora" in summary
     assert len(list((run_dir / "report").glob("*.png"))) >= 3
+    # An honest swarm raises no false alarm: every replica (the bootstrap's included) shares the
+    # nodes' window schedule, so none refuses their records.
+    for name in ("node0-full", "node1-lora"):
+        log = (run_dir / name / "node.log").read_text(errors="replace")
+        assert "DHT refused" not in log, [line for line in log.splitlines() if "DHT refused" in line]
