@@ -12,7 +12,6 @@ command. The run directory is kept (logs, metrics, report).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,8 @@ from pathlib import Path
 
 from benchmarks.common import emit
 from swarm_node import metrics as m
-from swarm_node.heldout_eval import before_after, read_evals
+from swarm_node.heldout_eval import read_evals
+from swarm_node.report import summarize
 
 
 def quarters(values: list[float]) -> list[float | None]:
@@ -34,12 +34,12 @@ def quarters(values: list[float]) -> list[float | None]:
 def node_result(node_dir: Path) -> dict:
     rows = m.latest_run(m.read_metrics_jsonl(node_dir / "metrics.jsonl"))
     rewards = [float(r[m.REWARD_MEAN]) for r in rows]
-    before, after = before_after(read_evals(node_dir))
-    return {"steps": len(rows), "reward_by_quarter": quarters(rewards),
+    s = summarize(node_dir.name, rows, evals=read_evals(node_dir))
+    return {"steps": s.steps, "reward_by_quarter": quarters(rewards),
             "reward_mean": round(sum(rewards) / len(rewards), 3) if rewards else None,
-            "mixed_groups": round(sum(float(r.get(m.MIXED_GROUPS, 0.0)) for r in rows) / max(1, len(rows)), 3),
-            "heldout_before": before, "heldout_after": after,
-            "peer_samples_gradient": sum(float(r.get(m.PEER_SAMPLES_GRADIENT, 0.0)) for r in rows),
+            "mixed_groups": round(s.mixed_groups_mean, 3) if s.mixed_groups_mean is not None else 0.0,
+            "heldout_before": s.heldout_before, "heldout_after": s.heldout_after,
+            "peer_samples_gradient": s.peer_samples_gradient,
             "step_seconds_mean": round(sum(float(r["step_seconds"]) for r in rows) / max(1, len(rows)), 1)}
 
 

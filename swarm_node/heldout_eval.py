@@ -62,19 +62,9 @@ class HeldoutEvaluator:
 
 def read_evals(node_dir: Path) -> list[dict[str, Any]]:
     """A node's evaluation rows in order (a torn last line is skipped; no file: none)."""
-    try:
-        text = (Path(node_dir) / EVALS_FILE).read_text(encoding="utf-8")
-    except OSError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict) and "step" in row and "accuracy" in row:
-            rows.append(row)
-    return rows
+    from swarm_node.local_view import read_rows
+
+    return [row for row in read_rows(node_dir, EVALS_FILE) if "step" in row and "accuracy" in row]
 
 
 def before_after(rows: list[dict[str, Any]]) -> tuple[float | None, float | None]:

@@ -19,9 +19,10 @@ MODEL_WIDTH = 14
 NAME_WIDTH = 12  # widths: name 12, model 14, step 6, reward 6, acc 4, peer 4, filt 4, drop 4, tok/s 5, state 8
 
 
-def read_rows(node_dir: Path) -> list[dict[str, float]]:
-    """A node's metrics rows (a torn last line is skipped; no file: none yet)."""
-    path = node_dir / "metrics.jsonl"
+def read_rows(node_dir: Path, file: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    """The rows of a node's JSONL log `file` while the node may still write it (a torn or
+    unreadable line is skipped; no file: none yet)."""
+    path = Path(node_dir) / file
     rows = []
     try:
         text = path.read_text(encoding="utf-8")

@@ -87,7 +87,7 @@ class Node:
                 evaluate(0)  # before any training (a resumed node has its step-0 row already)
             while self.step < end and not self._stop.is_set():
                 self.run_step()
-            if evaluate is not None and end <= self.step > start and not self._stop.is_set():
+            if evaluate is not None and self.step > start and self.step >= end and not self._stop.is_set():
                 evaluate(self.step)  # after the last step; a stopped node leaves without it
         finally:
             self._shutdown()

@@ -158,6 +158,13 @@ def summary_table(rows: Sequence[NodeSummary], window: int) -> str:
     return "\n".join(lines)
 
 
+def _save(fig, ax, path: Path) -> None:
+    """Legend, layout, PNG: the last steps of every plot."""
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
 def plot_heldout(path: Path, rows: Sequence[NodeSummary]) -> bool:
     """Held-out accuracy before and after, one pair of bars per node; False (no file) without evaluations."""
     shown = [r for r in rows if r.heldout_before is not None]
@@ -177,9 +184,7 @@ def plot_heldout(path: Path, rows: Sequence[NodeSummary]) -> bool:
         ax.set_xticks(list(xs), [r.name for r in shown])
         n = shown[0].heldout_n
         ax.set(title=f"Held-out accuracy (greedy pass@1, {n} problems)", ylabel="accuracy", ylim=(0, 1))
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
+        _save(fig, ax, path)
         return True
     finally:
         plt.close(fig)
@@ -210,9 +215,7 @@ def plot_metric(path: Path, runs: dict[str, list[dict[str, float]]], spec: tuple
             return False
         ax.set(title=title, xlabel="step", ylabel=ylabel)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, format="png")
+        _save(fig, ax, path)
         return True
     finally:
         plt.close(fig)

@@ -21,7 +21,7 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
-from swarm_node.tasks.base import PromptSet, content_id
+from swarm_node.tasks.base import PromptSet
 
 
 def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[str] | None = None) -> dict[str, str]:
