@@ -55,14 +55,60 @@ def trim_completion(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[lis
     return list(tokens), False
 
 
+MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward pass
+
+
+def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the token prefix every prompt starts with, leaving each prompt at least one token of
+    its own (the first generated token is predicted from the prompt's last position)."""
+    if not prompts:
+        return 0
+    first, limit = prompts[0], min(len(p) for p in prompts) - 1
+    n = 0
+    while n < limit and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return max(n, 0)
+
+
+def prefix_then_pad(prompts: Sequence[Sequence[int]], prefix_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Input ids [B, P + W] and attention mask: the shared prefix (P tokens), then padding, then each
+    prompt's own suffix, so every suffix ends at the last column and the prefix sits at the same
+    positions in every row (its keys and values can be computed once)."""
+    suffixes = [list(p[prefix_len:]) for p in prompts]
+    width = max(len(s) for s in suffixes)
+    prefix = list(prompts[0][:prefix_len])
+    ids = torch.full((len(prompts), prefix_len + width), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, s in enumerate(suffixes):
+        ids[row, :prefix_len] = torch.tensor(prefix, dtype=torch.long)
+        mask[row, :prefix_len] = 1
+        ids[row, prefix_len + width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[row, prefix_len + width - len(s):] = 1
+    return ids, mask
+
+
 @torch.no_grad()
 def generate_greedy(
-    model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, device: str | torch.device
+    model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, device: str | torch.device,
+    share_prefix: bool = True,
 ) -> list[tuple[list[int], bool]]:
-    """Greedy completions for one batch: per prompt, (completion tokens incl. the stop token, stopped)."""
+    """Greedy completions for one batch: per prompt, (completion tokens incl. the stop token, stopped).
+
+    Prompts of one task share a long prefix (chat template, instruction, worked example): with
+    `share_prefix` its keys and values are computed once and repeated over the batch, which removes
+    most of the prefill (the dominant cost of short greedy answers on a CPU). The completions are
+    those of the plain left-padded batch up to floating-point summation order."""
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    ids, mask = left_pad(prompts, pad_id)  # [B, L]
+    shared = shared_prefix_len(prompts) if share_prefix and len(prompts) > 1 else 0
+    kwargs: dict[str, Any] = {}
+    if shared >= MIN_SHARED_PREFIX:
+        ids, mask = prefix_then_pad(prompts, shared, pad_id)  # [B, P + W]
+        cache = model(input_ids=ids[:1, :shared].to(device), use_cache=True).past_key_values  # [1, P] keys/values
+        cache.batch_repeat_interleave(len(prompts))
+        kwargs["past_key_values"] = cache
+    else:
+        ids, mask = left_pad(prompts, pad_id)  # [B, L]
     out = model.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),
@@ -73,6 +119,7 @@ def generate_greedy(
         temperature=None,
         top_p=None,
         top_k=None,
+        **kwargs,
     )  # [B, L + T']
     new = out[:, ids.shape[1]:].tolist()
     return [trim_completion(row, stops) for row in new]

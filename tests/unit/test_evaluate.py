@@ -10,7 +10,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from swarm_node.evaluate import evaluate, left_pad, trim_completion
+from swarm_node.evaluate import (
+    MIN_SHARED_PREFIX,
+    evaluate,
+    generate_greedy,
+    left_pad,
+    prefix_then_pad,
+    shared_prefix_len,
+    trim_completion,
+)
 from swarm_node.tasks import Problem, PromptSet, render_prompt
 from swarm_node.tasks.rewards import CorrectnessReward
 
@@ -111,13 +119,17 @@ def one_thread() -> Any:
     torch.set_num_threads(before)
 
 
-def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
+def tiny_llama(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    tok = char_tokenizer()
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
     ps = prompt_set(5)
     reward = CorrectnessReward("number")
     a = evaluate(model, tok, ps, reward, batch_size=3, max_new_tokens=6, progress=False)
@@ -128,3 +140,26 @@ def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
         [r["correct"] for r in a["records"]]
     assert all(1 <= r["tokens"] <= 6 for r in a["records"])
     assert [r["completion"] for r in a["records"]] == [r["completion"] for r in b["records"]]  # padding-invariant
+
+
+def test_shared_prefix_helpers() -> None:
+    assert shared_prefix_len([[1, 2, 3, 4], [1, 2, 5], [1, 2, 3]]) == 2
+    assert shared_prefix_len([[1, 2, 3], [1, 2, 3]]) == 2  # each prompt keeps one token of its own
+    assert shared_prefix_len([[7], [7]]) == 0 and shared_prefix_len([[1, 2], [3, 2]]) == 0
+    ids, mask = prefix_then_pad([[1, 2, 3, 4], [1, 2, 5]], 2, pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 4], [1, 2, 0, 5]] and mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 1]]
+
+
+def test_shared_prefix_decoding_matches_the_plain_batch(one_thread: None) -> None:
+    """The worked example makes every prompt of a batch share a long prefix: computing it once gives
+    the same greedy completions as the plain left-padded batch (and as one prompt at a time)."""
+    tok = char_tokenizer()
+    model = tiny_llama(tok)
+    questions = ["What is 3 plus 4?", "What is 17 minus 9?", "Tom has 5 apples and eats 2. How many are left?"]
+    prompts = [render_prompt(tok, q, worked_example=True) for q in questions]
+    assert shared_prefix_len(prompts) >= MIN_SHARED_PREFIX  # so the shared path is the one taken
+    shared = generate_greedy(model, tok, prompts, 8, "cpu", share_prefix=True)
+    plain = generate_greedy(model, tok, prompts, 8, "cpu", share_prefix=False)
+    alone = [generate_greedy(model, tok, [p], 8, "cpu")[0] for p in prompts]
+    assert shared == plain == alone
+    assert all(len(c) >= 1 for c, _ in shared)
