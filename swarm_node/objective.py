@@ -25,7 +25,7 @@ the current policy instead would give them R (DESIGN.md section 1 with one updat
 special case R = 1, where both forms agree).
 
 Numerics that peers cannot poison: every log-ratio (pi_theta/pi_gen, pi_theta/pi_old,
-pi_old/pi_gen, and the KL's delta) is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before it is
+pi_old/pi_gen, and the KL's, `swarm_node.kl`) is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before it is
 exponentiated, so any finite (or floored, `protocol.validate`) generator logprob gives finite
 ratios, losses, gradients and statistics. Beyond the bound a token's ratio is constant, so it
 carries no gradient through the ratio; within it nothing changes.
@@ -37,25 +37,31 @@ does not synchronise with the device: its statistics stay tensors until `Objecti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig
+from swarm_node.kl import (  # re-exported: the KL estimators and the log-ratio clamp live in kl.py
+    KL_ESTIMATORS,
+    LOG_RATIO_BOUND,
+    KLEstimator,
+    KLReduction,
+    clamped_log_ratio,
+    per_sample_kl,
+    token_kl,
+)
+from swarm_node.objective_stats import QUANTILES, ObjectiveStats  # re-exported
 
-KLReduction = Literal["sum", "mean"]
+__all__ = [
+    "KL_ESTIMATORS", "LOG_RATIO_BOUND", "QUANTILES", "KLEstimator", "KLReduction", "Normalization",
+    "ObjectiveInputs", "ObjectiveStats", "advantage_filter", "carries_gradient", "clamped_log_ratio",
+    "group_advantages", "objective_loss", "per_sample_kl", "sample_weights", "token_kl", "unscored_stats",
+]
+
 Normalization = Literal["sequence", "token"]
-QUANTILES = (0.5, 0.9, 0.99)
-LOG_RATIO_BOUND = 20.0  # |log ratio| cap: e^20 ~ 4.9e8, so ratio * advantage * weight stays finite in float32
-
-
-def clamped_log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
-    """log(numerator/denominator) of two logprob tensors [B,T], clamped to +-LOG_RATIO_BOUND, 0 where
-    `mask` is false (padding garbage, NaN included, never leaks: `torch.where` picks the 0)."""
-    diff = (numerator - denominator).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    return torch.where(mask, diff, 0.0)
 
 
 def group_advantages(
@@ -90,28 +96,6 @@ def group_advantages(
     rmin = zeros.scatter_reduce(0, inv, r, reduce="amin", include_self=False)
     degenerate = (count < 2) | (rmax == rmin)  # [n_groups]
     return torch.where(degenerate[inv], torch.zeros_like(adv), adv).to(out_dtype)
-
-
-def per_sample_kl(
-    trainer_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, reduction: KLReduction = "sum"
-) -> Tensor:
-    """Per-sample KL(pi_theta || pi_gen) by the k3 estimator on the sampled tokens.
-
-    delta_t = logp_gen - logp_theta, k3_t = exp(delta_t) - delta_t - 1 >= 0, reduced over the valid
-    tokens only (`sum`, or `mean` with 0 for a sample without valid tokens). Inputs [B,T], mask
-    [B,T] bool; returns [B] in the inputs' dtype (at least float32). delta is clamped to
-    +-LOG_RATIO_BOUND, so a huge delta gives a huge but finite KL (a sample certainly above any
-    sensible g), never inf or NaN. No gradient flows (inputs are detached).
-    """
-    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
-    delta = clamped_log_ratio(generator_logprobs.detach().to(dtype), trainer_logprobs.detach().to(dtype), mask)
-    k3 = torch.expm1(delta) - delta  # [B,T], exactly 0 on padding
-    total = k3.sum(dim=1)  # [B]
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / mask.sum(dim=1).clamp(min=1).to(dtype)
-    raise ValueError(f"unknown KL reduction {reduction!r}")
 
 
 def sample_weights(group_ids: Tensor, lengths: Tensor, normalization: Normalization = "sequence") -> Tensor:
@@ -174,100 +158,6 @@ class ObjectiveInputs:
                 raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {bt[:1]}")
         if self.mask.dtype != torch.bool or self.is_peer.dtype != torch.bool:
             raise ValueError("mask and is_peer must be bool tensors")
-
-
-@dataclass
-class ObjectiveStats:
-    """Sums and counts of one or more objective calls; `merge` makes micro-batches add up exactly.
-
-    All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
-    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
-    of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
-    these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
-    the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
-    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C).
-    """
-
-    n_samples: Tensor
-    n_peer_samples: Tensor
-    n_filtered: Tensor
-    n_filtered_nonpositive_advantage: Tensor
-    n_filtered_kl: Tensor
-    n_peer_filtered: Tensor
-    n_peer_gradient: Tensor  # peer samples with A' != 0: not filtered and a nonzero advantage
-    n_tokens: Tensor
-    n_active_tokens: Tensor
-    rho_sum: Tensor
-    rho_max: Tensor
-    n_truncated: Tensor
-    n_clipped: Tensor
-    w_sum: Tensor
-    w_sq_sum: Tensor
-    kl_values: Tensor  # [n_samples] float64
-    kl_is_peer: Tensor  # [n_samples] bool
-
-    @classmethod
-    def empty(cls) -> ObjectiveStats:
-        """The neutral element of `merge`."""
-        z = torch.zeros((), dtype=torch.float64)
-        return cls(**{f.name: z for f in fields(cls) if f.name not in ("kl_values", "kl_is_peer", "rho_max")},
-                   rho_max=torch.tensor(float("-inf"), dtype=torch.float64),
-                   kl_values=torch.zeros(0, dtype=torch.float64), kl_is_peer=torch.zeros(0, dtype=torch.bool))
-
-    def merge(self, other: ObjectiveStats) -> ObjectiveStats:
-        """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
-        `a = a.merge(b)` work."""
-        dev = other.n_samples.device  # follow the newest batch: an empty() on the CPU moves once
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name).to(dev), getattr(other, f.name)
-            if f.name == "rho_max":
-                merged = torch.maximum(mine, theirs)
-            elif f.name in ("kl_values", "kl_is_peer"):
-                merged = torch.cat([mine, theirs])
-            else:
-                merged = mine + theirs
-            setattr(self, f.name, merged)
-        return self
-
-    def to_dict(self) -> dict[str, float]:
-        """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""
-        def frac(num: Tensor, den: Tensor) -> float:
-            return float(num / den) if float(den) > 0 else 0.0
-
-        n, tok = self.n_samples, self.n_tokens
-        out = {
-            "samples": float(n),
-            "peer_samples": float(self.n_peer_samples),
-            "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
-            "peer_samples_gradient": float(self.n_peer_gradient),
-            "filtered": float(self.n_filtered),
-            "filtered_fraction": frac(self.n_filtered, n),
-            "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
-            "filtered_nonpositive_advantage_fraction": frac(self.n_filtered_nonpositive_advantage, n),
-            "filtered_kl": float(self.n_filtered_kl),
-            "filtered_kl_fraction": frac(self.n_filtered_kl, n),
-            "tokens": float(tok),
-            "active_tokens": float(self.n_active_tokens),
-            "is_weight_mean": frac(self.rho_sum, tok),
-            "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
-            "truncated_fraction": frac(self.n_truncated, tok),
-            "clipped_fraction": frac(self.n_clipped, tok),
-            "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
-        }
-        values = self.kl_values.detach().cpu()
-        peer = self.kl_is_peer.cpu()
-        out.update(_distribution("kl", values))
-        out.update(_distribution("kl_peer", values[peer]))
-        return out
-
-
-def _distribution(prefix: str, values: Tensor) -> dict[str, float]:
-    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor; zeros when empty."""
-    names = [f"{prefix}_mean"] + [f"{prefix}_p{round(q * 100)}" for q in QUANTILES] + [f"{prefix}_max"]
-    if values.numel() == 0:
-        return dict.fromkeys(names, 0.0)
-    qs = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype)).tolist()
-    return dict(zip(names, [float(values.mean()), *qs, float(values.max())], strict=True))
 
 
 def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
@@ -333,7 +223,7 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     old = inputs.step_start_logprobs.detach().to(dtype)
     gen = inputs.generator_logprobs.detach().to(dtype)
 
-    kl = per_sample_kl(old, gen, mask, cfg.kl_reduction)  # [B], from step start: fixed across epochs
+    kl = per_sample_kl(old, gen, mask, cfg.kl_reduction, cfg.kl_estimator)  # [B], from step start: fixed across epochs
     bad_adv, bad_kl = _filters(inputs, kl, cfg)
     filtered = bad_adv | bad_kl  # [B]
     adv = torch.where(filtered, 0.0, inputs.advantages.detach().to(dtype))  # A'  [B]

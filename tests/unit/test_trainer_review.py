@@ -53,7 +53,8 @@ def test_kl_statistics_cover_peer_samples_without_gradient(cache: Path) -> None:
              for s in make_samples(policy, [[1.0, 1.0, 1.0]], peer=True, seed=2)]
     with torch.no_grad():
         theta = token_logprobs(policy.model, [s.prompt_ids for s in peers], [s.completion_ids for s in peers], 1.0, 4)
-    expected = [float(sum(math.expm1(float(g) - float(t)) - (float(g) - float(t))
+    # k3_gen (the default): r - 1 - log r with log r = log pi_theta - log pi_gen, summed over tokens
+    expected = [float(sum(math.expm1(float(t) - float(g)) - (float(t) - float(g))
                           for g, t in zip(s.generator_logprobs, lp, strict=True))) for s, lp in zip(peers, theta)]
     m = Trainer(policy, TrainConfig(learning_rate=1e-3), ObjectiveConfig(variant="f-tis"), 1.0).step(own + peers)
     assert m["peer_samples"] == 3 and m["skipped_samples"] == 3  # no gradient ...
