@@ -126,6 +126,14 @@ class ObjectiveConfig(_Section):
         description="How the per-token KL is reduced over valid completion tokens (`sum`: the completion's KL; "
                     "`mean`: nats per token); g is read in this unit.",
     )
+    filter_rule: Literal["or", "and"] = Field(
+        "or",
+        description=(
+            "Which samples of the filter scope the f-* variants drop: `or` (the paper's text, default): A <= 0 or "
+            "KL > g; `and` (the authors' published code): only A <= 0 and KL > g, so a close peer's "
+            "negative-advantage samples still teach what not to do."
+        ),
+    )
     filter_scope: Literal["peers", "all"] = Field("peers", description="Filter peers' samples only, or own too.")
     scale_by_std: bool = Field(True, description="Advantage = (r-mean)/(std+eps); false: r-mean only.")
     advantage_eps: float = Field(1e-4, gt=0, description="eps in the advantage denominator.")

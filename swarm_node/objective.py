@@ -7,7 +7,9 @@ Pure functions over tensors: no I/O, no model, no networking. The objective maxi
 and the loss returned is -J, where
     w_i     sample weight from `sample_weights` (1/(n_groups * G * |a_i|) for the paper's
             per-sequence-then-per-group normalisation, or 1/(valid tokens of the step batch));
-    A'_i    the sample's advantage, or 0 when a filter drops it (f-* variants);
+    A'_i    the sample's advantage, or 0 when the filter drops it (f-* variants, samples in
+            `filter_scope`): for A_i <= 0 or KL_i > g (`filter_rule = "or"`, the paper's text), or
+            only for both (`"and"`, the authors' code); KL_i from `swarm_node.kl` (`kl_estimator`);
     iw, R   depend on the variant:
               grpo, nois, f-nois  iw = 1,                    R = pi_theta / pi_theta_old
               vis, f-vis          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
@@ -174,40 +176,45 @@ def _filter_scope(is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
 
 
 def advantage_filter(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
-    """[B] bool: samples the f-* variants drop for a non-positive advantage (in the filter scope)."""
+    """[B] bool: samples in the filter scope whose advantage is <= 0 (the advantage condition)."""
     return _filter_scope(is_peer, cfg) & (advantages <= 0)
+
+
+def drop(bad_adv: Tensor, bad_kl: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples the filter rule drops, from its two conditions (each already in scope):
+    `or` (the paper's text) drops either, `and` (the authors' code) only both."""
+    return bad_adv | bad_kl if cfg.filter_rule == "or" else bad_adv & bad_kl
 
 
 def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
     """[B] bool: samples whose objective term can have a nonzero gradient.
 
     Every variant's per-token term is a multiple of the (possibly filtered) advantage A', so a
-    sample with A' = 0 (advantage exactly 0, or dropped by the advantage filter) contributes
-    exactly nothing, whatever its logprobs; the KL filter needs logprobs and is not decided here.
+    sample with A' = 0 (advantage exactly 0, or dropped by the advantage condition alone, which the
+    `or` rule does) contributes exactly nothing, whatever its logprobs; the KL condition needs
+    logprobs and is not decided here (under `and` a sample with A < 0 is kept unless its KL > g).
     """
-    return (advantages != 0) & ~advantage_filter(advantages, is_peer, cfg)
+    no_kl = torch.zeros_like(is_peer)
+    return (advantages != 0) & ~drop(advantage_filter(advantages, is_peer, cfg), no_kl, cfg)
 
 
 def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> ObjectiveStats:
     """Stats for samples left unscored because they carry no gradient (see `carries_gradient`).
 
-    They count as samples (and as filtered when the advantage filter drops them); token, weight
-    and KL statistics cover scored samples only, since these have no logprobs.
+    They count as samples and under the advantage condition when they meet it; as filtered when
+    that alone drops them (`or`: their KL is unknown, so under `and` they are not counted as
+    filtered). Token, weight and KL statistics cover scored samples only (these have no logprobs).
     """
     f64 = torch.float64
     bad_adv = advantage_filter(advantages, is_peer, cfg)
+    dropped = drop(bad_adv, torch.zeros_like(bad_adv), cfg)
     stats = ObjectiveStats.empty()
     stats.n_samples = torch.tensor(float(advantages.shape[0]), dtype=f64)
     stats.n_peer_samples = is_peer.sum().to(f64).cpu()
-    stats.n_filtered = stats.n_filtered_nonpositive_advantage = bad_adv.sum().to(f64).cpu()
-    stats.n_peer_filtered = (bad_adv & is_peer).sum().to(f64).cpu()
+    stats.n_filtered_nonpositive_advantage = bad_adv.sum().to(f64).cpu()
+    stats.n_filtered = dropped.sum().to(f64).cpu()
+    stats.n_peer_filtered = (dropped & is_peer).sum().to(f64).cpu()
     return stats
-
-
-def _filters(inputs: ObjectiveInputs, kl: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor]:
-    """Per-sample [B] bool masks (nonpositive advantage, KL above g) for the f-* variants."""
-    bad_kl = _filter_scope(inputs.is_peer, cfg) & (kl > cfg.kl_threshold)
-    return advantage_filter(inputs.advantages, inputs.is_peer, cfg), bad_kl
 
 
 def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tensor, ObjectiveStats]:
@@ -223,9 +230,12 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     old = inputs.step_start_logprobs.detach().to(dtype)
     gen = inputs.generator_logprobs.detach().to(dtype)
 
-    kl = per_sample_kl(old, gen, mask, cfg.kl_reduction, cfg.kl_estimator)  # [B], from step start: fixed across epochs
-    bad_adv, bad_kl = _filters(inputs, kl, cfg)
-    filtered = bad_adv | bad_kl  # [B]
+    # [B] per estimator, from step start: fixed across epochs; the filter reads the configured one
+    kls = {e: per_sample_kl(old, gen, mask, cfg.kl_reduction, e) for e in KL_ESTIMATORS}
+    scope = _filter_scope(inputs.is_peer, cfg)
+    bad_adv = advantage_filter(inputs.advantages, inputs.is_peer, cfg)  # [B] the advantage condition
+    bad_kl = scope & (kls[cfg.kl_estimator] > cfg.kl_threshold)  # [B] the KL condition
+    filtered = drop(bad_adv, bad_kl, cfg)  # [B]
     adv = torch.where(filtered, 0.0, inputs.advantages.detach().to(dtype))  # A'  [B]
     active = mask & ~filtered[:, None]  # [B,T] tokens that can carry gradient
 
@@ -242,22 +252,26 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
         term = term * truncated_rho
     weights = inputs.sample_weights.detach().to(dtype)  # [B]
     objective = (term * active.to(dtype) * weights[:, None]).sum()
-    stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kl, bad_adv, bad_kl, active)
+    stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kls,
+                   (bad_adv, bad_kl, filtered), active)
     return -objective, stats
 
 
 @torch.no_grad()
 def _stats(
     inputs: ObjectiveInputs, cfg: ObjectiveConfig, rho: Tensor, truncated_rho: Tensor, clip_log_ratio: Tensor,
-    adv: Tensor, kl: Tensor, bad_adv: Tensor, bad_kl: Tensor, active: Tensor,
+    adv: Tensor, kls: dict[str, Tensor], conditions: tuple[Tensor, Tensor, Tensor], active: Tensor,
 ) -> ObjectiveStats:
     """Diagnostics of one call, as device tensors (no host synchronisation); sums in float64.
 
-    rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A'.
+    rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A';
+    kls: estimator -> [B]; conditions: [B] bool (advantage condition, KL condition, dropped).
     """
     f64 = torch.float64
     mask = inputs.mask
-    maskf = mask.to(rho.dtype)
+    peer_mask = mask & inputs.is_peer[:, None]  # [B,T] valid tokens of peers' samples
+    maskf, peerf = mask.to(rho.dtype), peer_mask.to(rho.dtype)
+    bad_adv, bad_kl, filtered = conditions
     eps = cfg.clip_eps
     a = adv[:, None]
     clipped = active & (((clip_log_ratio > _log1p(eps)) & (a > 0)) | ((clip_log_ratio < _log1p(-eps)) & (a < 0)))
@@ -266,20 +280,26 @@ def _stats(
     return ObjectiveStats(
         n_samples=torch.tensor(float(mask.shape[0]), dtype=f64, device=mask.device),
         n_peer_samples=inputs.is_peer.sum().to(f64),
-        n_filtered=(bad_adv | bad_kl).sum().to(f64),
+        n_filtered=filtered.sum().to(f64),
         n_filtered_nonpositive_advantage=bad_adv.sum().to(f64),
         n_filtered_kl=bad_kl.sum().to(f64),
-        n_peer_filtered=((bad_adv | bad_kl) & inputs.is_peer).sum().to(f64),
+        n_peer_filtered=(filtered & inputs.is_peer).sum().to(f64),
         n_peer_gradient=((adv != 0) & inputs.is_peer).sum().to(f64),
         n_tokens=mask.sum().to(f64),
         n_active_tokens=active.sum().to(f64),
         rho_sum=(rho * maskf).sum(dtype=f64),
         rho_max=(rho * maskf).amax().to(f64) if mask.numel() else neg_inf,  # padding gives 0 <= rho
         n_truncated=((rho > cfg.truncation_c) & mask).sum().to(f64),
+        n_peer_tokens=peer_mask.sum().to(f64),
+        rho_peer_sum=(rho * peerf).sum(dtype=f64),
+        rho_peer_max=(rho * peerf).amax().to(f64) if mask.numel() else neg_inf,  # 0 without peer tokens
+        n_peer_truncated=((rho > cfg.truncation_c) & peer_mask).sum().to(f64),
         n_clipped=clipped.sum().to(f64),
         w_sum=w.sum(dtype=f64),
         w_sq_sum=(w * w).sum(dtype=f64),
-        kl_values=kl.to(f64),
+        kl_values=kls[cfg.kl_estimator].to(f64),
+        kl_k3_gen_values=kls["k3_gen"].to(f64),
+        kl_k3_theta_values=kls["k3_theta"].to(f64),
         kl_is_peer=inputs.is_peer.clone(),
     )
 

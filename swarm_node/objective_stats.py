@@ -9,6 +9,8 @@ import torch
 from torch import Tensor
 
 QUANTILES = (0.5, 0.9, 0.99)
+_PER_SAMPLE = ("kl_values", "kl_k3_gen_values", "kl_k3_theta_values", "kl_is_peer")  # concatenated by merge
+_MAXIMA = ("rho_max", "rho_peer_max")  # merged by max
 
 
 @dataclass
@@ -20,7 +22,14 @@ class ObjectiveStats:
     of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
     these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
     the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
-    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C).
+    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C). `is_weight_*`
+    averages every scored token (own ones weigh 1 in the first epoch), `is_weight_peer_*` peers' only.
+
+    Filter counts: `filtered_nonpositive_advantage` and `filtered_kl` count the samples of the filter
+    scope that meet each condition (A <= 0; KL > g), a sample may meet both; `filtered` counts the
+    samples the rule drops (`objective.filter_rule`: either condition under `or`, both under `and`).
+    The per-sample KL is kept for the configured estimator (`kl_*`, `kl_peer_*`) and for both
+    estimators on peers' samples (`kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`), so a run shows both.
     """
 
     n_samples: Tensor
@@ -35,19 +44,26 @@ class ObjectiveStats:
     rho_sum: Tensor
     rho_max: Tensor
     n_truncated: Tensor
+    n_peer_tokens: Tensor
+    rho_peer_sum: Tensor
+    rho_peer_max: Tensor
+    n_peer_truncated: Tensor
     n_clipped: Tensor
     w_sum: Tensor
     w_sq_sum: Tensor
-    kl_values: Tensor  # [n_samples] float64
+    kl_values: Tensor  # [n_samples] float64, the configured estimator
+    kl_k3_gen_values: Tensor  # [n_samples] float64
+    kl_k3_theta_values: Tensor  # [n_samples] float64
     kl_is_peer: Tensor  # [n_samples] bool
 
     @classmethod
     def empty(cls) -> ObjectiveStats:
         """The neutral element of `merge`."""
         z = torch.zeros((), dtype=torch.float64)
-        return cls(**{f.name: z for f in fields(cls) if f.name not in ("kl_values", "kl_is_peer", "rho_max")},
-                   rho_max=torch.tensor(float("-inf"), dtype=torch.float64),
-                   kl_values=torch.zeros(0, dtype=torch.float64), kl_is_peer=torch.zeros(0, dtype=torch.bool))
+        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+        values = {name: torch.zeros(0, dtype=torch.float64) for name in _PER_SAMPLE if name != "kl_is_peer"}
+        return cls(**{f.name: z for f in fields(cls) if f.name not in (*_PER_SAMPLE, *_MAXIMA)},
+                   **dict.fromkeys(_MAXIMA, neg_inf), **values, kl_is_peer=torch.zeros(0, dtype=torch.bool))
 
     def merge(self, other: ObjectiveStats) -> ObjectiveStats:
         """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
@@ -55,9 +71,9 @@ class ObjectiveStats:
         dev = other.n_samples.device  # follow the newest batch: an empty() on the CPU moves once
         for f in fields(self):
             mine, theirs = getattr(self, f.name).to(dev), getattr(other, f.name)
-            if f.name == "rho_max":
+            if f.name in _MAXIMA:
                 merged = torch.maximum(mine, theirs)
-            elif f.name in ("kl_values", "kl_is_peer"):
+            elif f.name in _PER_SAMPLE:
                 merged = torch.cat([mine, theirs])
             else:
                 merged = mine + theirs
@@ -69,7 +85,7 @@ class ObjectiveStats:
         def frac(num: Tensor, den: Tensor) -> float:
             return float(num / den) if float(den) > 0 else 0.0
 
-        n, tok = self.n_samples, self.n_tokens
+        n, tok, peer_tok = self.n_samples, self.n_tokens, self.n_peer_tokens
         out = {
             "samples": float(n),
             "peer_samples": float(self.n_peer_samples),
@@ -86,6 +102,10 @@ class ObjectiveStats:
             "is_weight_mean": frac(self.rho_sum, tok),
             "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
             "truncated_fraction": frac(self.n_truncated, tok),
+            "peer_tokens": float(peer_tok),
+            "is_weight_peer_mean": frac(self.rho_peer_sum, peer_tok),
+            "is_weight_peer_max": float(self.rho_peer_max) if float(peer_tok) > 0 else 0.0,
+            "truncated_peer_fraction": frac(self.n_peer_truncated, peer_tok),
             "clipped_fraction": frac(self.n_clipped, tok),
             "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
         }
@@ -93,6 +113,8 @@ class ObjectiveStats:
         peer = self.kl_is_peer.cpu()
         out.update(_distribution("kl", values))
         out.update(_distribution("kl_peer", values[peer]))
+        out.update(_distribution("kl_peer_k3_gen", self.kl_k3_gen_values.detach().cpu()[peer]))
+        out.update(_distribution("kl_peer_k3_theta", self.kl_k3_theta_values.detach().cpu()[peer]))
         return out
 
 

@@ -13,8 +13,10 @@ from tests.unit.naive_objective import naive_advantages, naive_kl, naive_loss_an
 
 VARIANTS = ["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
 SEEDS = range(4)
-# The KL estimator only matters where a filter reads it.
-VARIANT_ESTIMATORS = [(v, "k3_gen") for v in VARIANTS] + [(v, "k3_theta") for v in VARIANTS if v.startswith("f-")]
+# The KL estimator and the filter rule only matter where a filter reads them.
+VARIANT_FILTERS = [(v, "k3_gen", "or") for v in VARIANTS] + [
+    (v, e, r) for v in VARIANTS if v.startswith("f-")
+    for e, r in itertools.product(("k3_gen", "k3_theta"), ("or", "and")) if (e, r) != ("k3_gen", "or")]
 # g in each reduction's unit, chosen so that the KL filter drops some peers' samples but not all.
 KL_THRESHOLD = {"sum": 1.5, "mean": 0.3}
 
@@ -36,13 +38,14 @@ def assert_rel(a: float, b: float, rtol: float = 1e-6, atol: float = 1e-12) -> N
     assert abs(a - b) <= rtol * abs(b) + atol, (a, b)
 
 
-@pytest.mark.parametrize(("variant", "estimator"), VARIANT_ESTIMATORS)
+@pytest.mark.parametrize(("variant", "estimator", "rule"), VARIANT_FILTERS)
 @pytest.mark.parametrize("normalization", ["sequence", "token"])
 @pytest.mark.parametrize("kl_reduction", ["sum", "mean"])
 @pytest.mark.parametrize("scope", ["peers", "all"])
-def test_loss_and_gradient_match_naive_reference(variant, estimator, normalization, kl_reduction, scope):
+def test_loss_and_gradient_match_naive_reference(variant, estimator, rule, normalization, kl_reduction, scope):
     cfg = ObjectiveConfig(variant=variant, normalization=normalization, kl_reduction=kl_reduction,
-                          filter_scope=scope, kl_threshold=KL_THRESHOLD[kl_reduction], kl_estimator=estimator)
+                          filter_scope=scope, kl_threshold=KL_THRESHOLD[kl_reduction], kl_estimator=estimator,
+                          filter_rule=rule)
     for seed, epoch in itertools.product(SEEDS, ("first", "later")):
         batch = random_batch(seed)
         t, naive = batch["tensors"], batch["naive"]
@@ -54,7 +57,8 @@ def test_loss_and_gradient_match_naive_reference(variant, estimator, normalizati
         loss, grad, _ = run_production(t, cfg, step_start)
         ref_loss, ref_grad = naive_loss_and_grad(
             naive, variant, c=cfg.truncation_c, eps=cfg.clip_eps, g=cfg.kl_threshold,
-            kl_reduction=kl_reduction, kl_estimator=estimator, scope=scope, normalization=normalization,
+            kl_reduction=kl_reduction, kl_estimator=estimator, filter_rule=rule, scope=scope,
+            normalization=normalization,
         )
         assert torch.isfinite(grad).all()
         assert_rel(float(loss.detach()), ref_loss)
