@@ -131,7 +131,8 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
                 shutil.rmtree(run_dir)  # an interrupted run starts over
             run_dir.mkdir(parents=True)
             configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
-                                          run_dir / name, models[name])) for name in pair.nodes]
+                                          run_dir / name, models[name], pair_size=len(pair.nodes)))
+                       for name in pair.nodes]
             log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
             t0 = time.perf_counter()
             kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
