@@ -1,7 +1,9 @@
 """An experiment file: nodes, pairs of nodes, arms, seeds, steps and a held-out evaluation schedule.
 
-    [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir
-    [eval]        every, problems, batch_size, max_new_tokens, task = {TaskConfig fields}
+    [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir,
+                  warmup_seed ("per_seed" | "fixed")
+    [eval]        every, problems, batch_size, max_new_tokens, split ("heldout" | "validation"),
+                  task = {TaskConfig fields}
     [defaults]    NodeConfig sections shared by every node of every arm (model, generation, train, task, ...)
     [[nodes]]     name, model, lora, learning_rate, temperature, levels, set = [dotted overrides],
                   warmup = {base, levels, ops, steps, learning_rate, ...} (optional: a cached supervised
@@ -20,6 +22,7 @@ union of the nodes' parts and the own budget is unchanged (`horizontal_parts`). 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import tomllib
@@ -50,6 +53,16 @@ class ExperimentSection(_Strict):
     steps: int = Field(20, ge=1, description="RL steps per node per run.")
     peer_lag: int = Field(0, ge=0, le=8, description="Lockstep: peers' records become visible k steps late.")
     cache_dir: Path = Field(DEFAULT_CACHE, description="Where warm-up models and converted models are cached.")
+    warmup_seed: Literal["per_seed", "fixed"] = Field(
+        "per_seed",
+        description=(
+            "per_seed (default): a node's warm-up seed is its `warmup.seed` plus the experiment seed (batch order "
+            "and torch seed; the warm-up questions stay the same), so every seed starts from its own warm model "
+            "and intervals over seeds include the starting point; arms of one seed share it, so pairing holds. "
+            "fixed: one warm model per node for every seed (the behaviour before; intervals then leave "
+            "initialisation out)."
+        ),
+    )
 
 
 class EvalSection(_Strict):
@@ -57,9 +70,17 @@ class EvalSection(_Strict):
     problems: int = Field(64, ge=1, description="N held-out problems (greedy pass@1).")
     batch_size: int = Field(64, ge=1, description="Evaluation batch size.")
     max_new_tokens: int = Field(32, ge=1, description="Completion cap at evaluation.")
+    split: Literal["heldout", "validation"] = Field(
+        "heldout",
+        description=(
+            "Which split the grid evaluates (`tasks.heldout.split_of`, by a hash of the question): `heldout`, "
+            "where claims are read; `validation`, a disjoint set (also disjoint from training and warm-up "
+            "questions) for choosing settings (learning rate, g, a sandbox's mix) without reading the held-out set."
+        ),
+    )
     task: dict[str, Any] = Field(default_factory=lambda: {"name": "arithmetic", "seed": 1_000_003},
-                                 description="TaskConfig of the held-out set; arithmetic problems that "
-                                             "appear in any node's training set are removed.")
+                                 description="TaskConfig of the evaluation set; problems whose question appears "
+                                             "in any node's training set or warm-up data are removed.")
 
 
 class NodeSpec(_Strict):
@@ -72,7 +93,9 @@ class NodeSpec(_Strict):
     set: list[str] = Field(default_factory=list)
     warmup: dict[str, Any] | None = None
 
-    def warmup_spec(self, system_prompt: str | None) -> WarmupSpec | None:
+    def warmup_spec(self, system_prompt: str | None, seed: int | None = None) -> WarmupSpec | None:
+        """The node's warm-up; with `seed` (warmup_seed = "per_seed") its seed moves by the experiment
+        seed and its questions stay those of its own seed (`data_seed`)."""
         if self.warmup is None:
             return None
         w = dict(self.warmup)
@@ -80,7 +103,15 @@ class NodeSpec(_Strict):
             if key in w:
                 w[key] = tuple(w[key])
         w.setdefault("system_prompt", system_prompt)
-        return WarmupSpec(**w)
+        spec = WarmupSpec(**w)
+        if seed is None:
+            return spec
+        return dataclasses.replace(spec, seed=spec.seed + seed, data_seed=spec.pool_seed)
+
+    def warmup_for(self, spec: ExperimentSpec, seed: int) -> WarmupSpec | None:
+        """The warm-up this node starts from in a run of experiment seed `seed`."""
+        system_prompt = spec.defaults.get("task", {}).get("system_prompt")
+        return self.warmup_spec(system_prompt, seed if spec.experiment.warmup_seed == "per_seed" else None)
 
 
 class PairSpec(_Strict):

@@ -159,8 +159,9 @@ def _g(v: float) -> str:
 
 def markdown(table: dict, spec: Any, out: Path) -> str:
     e = spec.experiment
-    lines = [f"# {e.name}: held-out accuracy, mean ± 95% interval over seeds", "",
-             f"seeds {e.seeds}, {e.steps} steps, held-out: {spec.eval.problems} problems greedy pass@1 every "
+    split = "held-out" if spec.eval.split == "heldout" else "validation"
+    lines = [f"# {e.name}: {split} accuracy, mean ± 95% interval over seeds", "",
+             f"seeds {e.seeds}, {e.steps} steps, {split}: {spec.eval.problems} problems greedy pass@1 every "
              f"{spec.eval.every} steps; Δ = paired difference to the isolated arm (same seed). "
              "AUC = mean accuracy over the curve. peer grad = peer samples that carried gradient per run "
              "(not filtered, advantage ≠ 0); filtered = fraction of peer samples filtered; IS peer = mean "
