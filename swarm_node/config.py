@@ -102,9 +102,37 @@ class ObjectiveConfig(_Section):
     variant: LossVariant = Field("f-tis", description="Loss variant; `grpo` is isolated on-policy training.")
     truncation_c: float = Field(2.0, gt=0, description="C: importance weights are truncated at C (TIS).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon for pi_theta/pi_theta_old (and VIS).")
-    kl_threshold: float = Field(50.0, gt=0, description="g: peer samples with KL(pi_theta||pi_gen) > g are filtered.")
+    kl_estimator: Literal["k3_gen", "k3_theta"] = Field(
+        "k3_gen",
+        description=(
+            "Per-token KL estimate on the sampled tokens, which come from pi_gen (`swarm_node.kl`). `k3_gen` "
+            "(default): r - 1 - log r, r = pi_theta/pi_gen, unbiased for KL(pi_gen||pi_theta) on pi_gen's samples "
+            "(summed over a completion: for its sequence-level KL); the default because it is the form that "
+            "estimates a KL on peers' samples. `k3_theta`: e^d - d - 1, d = log pi_gen - log pi_theta (the authors' "
+            "code): a KL(pi_theta||pi_gen) estimate only on pi_theta's samples, biased and heavy-tailed on peers'."
+        ),
+    )
+    kl_threshold: float = Field(
+        50.0, gt=0,
+        description=(
+            "g: samples in the filter scope with a per-sample KL > g meet the KL condition; read in `kl_reduction`'s "
+            "unit. 50 is the paper's g, read as a completion's KL in nats (`sum` of `k3_gen`): about 0.1-0.25 "
+            "nats/token for GSM8K-length answers, and rarely reached by completions of a few tokens; choose g from "
+            "the reported `kl_peer_*` distribution. The authors' code: k3_theta, `mean`, g = 5, filter_rule `and`."
+        ),
+    )
     kl_reduction: Literal["sum", "mean"] = Field(
-        "sum", description="How the per-token k3 KL is reduced over valid completion tokens; g is read in this unit."
+        "sum",
+        description="How the per-token KL is reduced over valid completion tokens (`sum`: the completion's KL; "
+                    "`mean`: nats per token); g is read in this unit.",
+    )
+    filter_rule: Literal["or", "and"] = Field(
+        "or",
+        description=(
+            "Which samples of the filter scope the f-* variants drop: `or` (the paper's text, default): A <= 0 or "
+            "KL > g; `and` (the authors' published code): only A <= 0 and KL > g, so a close peer's "
+            "negative-advantage samples still teach what not to do."
+        ),
     )
     filter_scope: Literal["peers", "all"] = Field("peers", description="Filter peers' samples only, or own too.")
     scale_by_std: bool = Field(True, description="Advantage = (r-mean)/(std+eps); false: r-mean only.")

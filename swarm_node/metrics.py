@@ -13,9 +13,14 @@ Counting conventions (all counts are *per step*, never cumulative):
     advantage (in the unfiltered variants a group of equal rewards is used but teaches nothing).
   - `mixed_groups`: fraction of own groups whose rewards are not all equal (GRPO learns only from these).
   - `samples`: the batch size, own_samples + peer_samples.
-  - `filtered_<reason>`: samples in the batch whose advantage was zeroed by that filter; a
-    sample is counted under the first reason that applies (non-positive advantage, then KL).
+  - `filtered_<reason>`: samples in the filter scope that meet that condition (non-positive
+    advantage; KL > g); a sample may meet both. `filtered` counts the samples the filter rule drops
+    (their advantage zeroed): either condition under `objective.filter_rule = "or"`, both under "and".
   - `filtered_fraction`: all filtered samples / samples.
+  - `is_weight_*` average every scored token (own ones included); `is_weight_peer_*` and
+    `truncated_peer_fraction` peers' tokens only.
+  - `kl_*` / `kl_peer_*`: the per-sample KL of the configured estimator over all / peers' samples;
+    `kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`: both estimators on peers' samples (swarm_node.kl).
   - `dropped_<reason>`: peer data rejected in this step before training (malformed, stale, wrong
     tokenizer, ...). Reasons are open-ended short identifiers; Prometheus exports them as one
     labelled counter `swarm_node_dropped_total{reason="..."}`. The running totals since the node
@@ -53,9 +58,18 @@ KL_P50 = "kl_p50"
 KL_P90 = "kl_p90"
 KL_P99 = "kl_p99"
 KL_MAX = "kl_max"
+KL_PEER_K3_GEN_P50 = "kl_peer_k3_gen_p50"
+KL_PEER_K3_GEN_P90 = "kl_peer_k3_gen_p90"
+KL_PEER_K3_GEN_MAX = "kl_peer_k3_gen_max"
+KL_PEER_K3_THETA_P50 = "kl_peer_k3_theta_p50"
+KL_PEER_K3_THETA_P90 = "kl_peer_k3_theta_p90"
+KL_PEER_K3_THETA_MAX = "kl_peer_k3_theta_max"
 IS_WEIGHT_MEAN = "is_weight_mean"
 IS_WEIGHT_MAX = "is_weight_max"
+IS_WEIGHT_PEER_MEAN = "is_weight_peer_mean"
+IS_WEIGHT_PEER_MAX = "is_weight_peer_max"
 TRUNCATED_FRACTION = "truncated_fraction"
+TRUNCATED_PEER_FRACTION = "truncated_peer_fraction"
 CLIPPED_FRACTION = "clipped_fraction"
 ESS = "ess"
 LOSS = "loss"
@@ -102,17 +116,26 @@ METRICS: dict[str, str] = {
     PEER_SAMPLES_USED: "Peer completions in the batch that were not filtered.",
     PEER_SAMPLES_GRADIENT: "Peer completions that carried gradient (not filtered, nonzero advantage).",
     MIXED_GROUPS: "Fraction of own groups whose rewards are not all equal.",
-    FILTERED_NONPOSITIVE_ADVANTAGE: "Batch samples filtered for a non-positive advantage.",
-    FILTERED_KL: "Batch samples filtered because KL(pi_theta || pi_gen) exceeded g.",
-    FILTERED_FRACTION: "Filtered samples / samples in the batch.",
-    KL_MEAN: "Mean per-sample k3 KL(pi_theta || pi_gen) over the batch (unit: objective.kl_reduction).",
+    FILTERED_NONPOSITIVE_ADVANTAGE: "Samples in the filter scope with a non-positive advantage (the advantage condition).",
+    FILTERED_KL: "Samples in the filter scope whose per-sample KL exceeded g (the KL condition).",
+    FILTERED_FRACTION: "Samples the filter rule dropped / samples in the batch.",
+    KL_MEAN: "Mean per-sample KL over the batch (objective.kl_estimator, unit: objective.kl_reduction).",
     KL_P50: "Median per-sample KL.",
     KL_P90: "90th percentile of per-sample KL.",
     KL_P99: "99th percentile of per-sample KL.",
     KL_MAX: "Largest per-sample KL.",
-    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta_old/pi_gen before truncation (every peer sample).",
+    KL_PEER_K3_GEN_P50: "Median per-sample k3_gen KL (of KL(pi_gen || pi_theta)) over peers' samples.",
+    KL_PEER_K3_GEN_P90: "90th percentile of the per-sample k3_gen KL over peers' samples.",
+    KL_PEER_K3_GEN_MAX: "Largest per-sample k3_gen KL over peers' samples.",
+    KL_PEER_K3_THETA_P50: "Median per-sample k3_theta KL (the authors' code's form) over peers' samples.",
+    KL_PEER_K3_THETA_P90: "90th percentile of the per-sample k3_theta KL over peers' samples.",
+    KL_PEER_K3_THETA_MAX: "Largest per-sample k3_theta KL over peers' samples.",
+    IS_WEIGHT_MEAN: "Mean token importance weight pi_theta_old/pi_gen before truncation (every scored token).",
     IS_WEIGHT_MAX: "Largest token importance weight before truncation (finite: log-ratios are clamped).",
+    IS_WEIGHT_PEER_MEAN: "Mean token importance weight before truncation over peers' tokens only.",
+    IS_WEIGHT_PEER_MAX: "Largest token importance weight before truncation over peers' tokens.",
     TRUNCATED_FRACTION: "Fraction of tokens whose importance weight was truncated at C.",
+    TRUNCATED_PEER_FRACTION: "Fraction of peers' tokens whose importance weight was truncated at C.",
     CLIPPED_FRACTION: "Fraction of tokens where the PPO clip was active.",
     ESS: "Effective sample size of the importance weights, normalised to [0, 1].",
     LOSS: "Objective value of the step.",

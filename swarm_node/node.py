@@ -51,6 +51,19 @@ class NodeParts:
     evaluate: Callable[[int], Any] | None = None  # held-out evaluation at a step (heldout_eval.py)
 
 
+@dataclass
+class StepRollout:
+    """The first half of a step (`Node.generate_step`): this node's own groups, scored and published."""
+
+    window: int
+    problems: list
+    own: rollouts.OwnBatch
+    started: float  # perf_counter at the start of the step
+    gen_seconds: float
+    publish_seconds: float
+    bytes_per_token: float
+
+
 class Node:
     """Runs steps until `total_steps` or `stop()`; `run()` always checkpoints and closes parts."""
 
@@ -110,11 +123,20 @@ class Node:
     # ---- one step --------------------------------------------------------------------------
 
     def run_step(self) -> dict[str, float]:
+        """One step; the gather of peers' groups starts first, so the network overlaps generation."""
+        window = rollouts.window_of(self.parts.dht_time(), self.cfg.swarm.window_seconds)
+        gathering = self.start_gather(window)
+        return self.train_step(self.generate_step(window), gathering)
+
+    def generate_step(self, window: int | None = None) -> StepRollout:
+        """The first half of a step: choose prompts, generate own groups, score and publish them.
+
+        `run_step` runs both halves; lockstep horizontal runs this half on every node of an arm
+        before any node gathers (`experiment.lockstep`), so peers' parts of a shared group arrive."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        window = rollouts.window_of(parts.dht_time(), cfg.swarm.window_seconds)
-        gathering = self._start_gather(window)
-
+        if window is None:
+            window = rollouts.window_of(parts.dht_time(), cfg.swarm.window_seconds)
         problems = self._choose_problems(window)
         prompt_ids = rollouts.render_prompts(parts, problems)
         t_gen = time.perf_counter()
@@ -127,8 +149,13 @@ class Node:
             groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step)
             bytes_per_token = parts.exchange.publish_groups(groups, window)
             self._republish_if_due(window)
+        return StepRollout(window, problems, own, t0, gen_seconds, time.perf_counter() - t_pub, bytes_per_token)
+
+    def train_step(self, rollout: StepRollout, gathering: Future | None) -> dict[str, float]:
+        """The second half of a step: wait for peers' groups (`start_gather`), train, log, checkpoint."""
+        cfg, parts, own = self.cfg, self.parts, rollout.own
         t_gather = time.perf_counter()
-        peer, step_drops = self._finish_gather(gathering, own, problems)
+        peer, step_drops = self._finish_gather(gathering, own, rollout.problems)
         gather_seconds = time.perf_counter() - t_gather
         samples = own.samples + peer.samples
 
@@ -142,6 +169,7 @@ class Node:
 
         n_tokens = sum(len(s.completion_ids) for s in own.samples)
         now = parts.dht_time()
+        gen_seconds = rollout.gen_seconds
         metrics: dict[str, float] = {
             **{k: float(v) for k, v in train_metrics.items()},
             "step": float(self.step),
@@ -155,11 +183,11 @@ class Node:
             "tokens_per_s": n_tokens / gen_seconds if gen_seconds > 0 else 0.0,
             "gen_seconds": gen_seconds,
             "train_seconds": train_seconds,
-            "step_seconds": time.perf_counter() - t0,
-            "bytes_per_token": float(bytes_per_token or 0.0),
+            "step_seconds": time.perf_counter() - rollout.started,
+            "bytes_per_token": float(rollout.bytes_per_token or 0.0),
             "peer_reward_seconds": peer.verify_seconds,
             **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
-            **self.health.step_metrics(step_drops, publish_seconds=t_gather - t_pub,
+            **self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,
                                        gather_seconds=gather_seconds, peer_groups=peer.groups),
         }
         self.history.append(metrics)
@@ -188,7 +216,8 @@ class Node:
             indices = select_prompts(self.parts.peer_id, self.step, n, len(ps), salt=cfg.swarm.swarm_id)
         return [ps.problems[i] for i in indices]
 
-    def _start_gather(self, window: int) -> Future | None:
+    def start_gather(self, window: int) -> Future | None:
+        """Fetch peers' groups of `window` (and the staleness windows before it) in the background."""
         cfg, exchange = self.cfg, self.parts.exchange
         if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
             return None

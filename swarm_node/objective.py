@@ -7,7 +7,9 @@ Pure functions over tensors: no I/O, no model, no networking. The objective maxi
 and the loss returned is -J, where
     w_i     sample weight from `sample_weights` (1/(n_groups * G * |a_i|) for the paper's
             per-sequence-then-per-group normalisation, or 1/(valid tokens of the step batch));
-    A'_i    the sample's advantage, or 0 when a filter drops it (f-* variants);
+    A'_i    the sample's advantage, or 0 when the filter drops it (f-* variants, samples in
+            `filter_scope`): for A_i <= 0 or KL_i > g (`filter_rule = "or"`, the paper's text), or
+            only for both (`"and"`, the authors' code); KL_i from `swarm_node.kl` (`kl_estimator`);
     iw, R   depend on the variant:
               grpo, nois, f-nois  iw = 1,                    R = pi_theta / pi_theta_old
               vis, f-vis          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
@@ -25,7 +27,7 @@ the current policy instead would give them R (DESIGN.md section 1 with one updat
 special case R = 1, where both forms agree).
 
 Numerics that peers cannot poison: every log-ratio (pi_theta/pi_gen, pi_theta/pi_old,
-pi_old/pi_gen, and the KL's delta) is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before it is
+pi_old/pi_gen, and the KL's, `swarm_node.kl`) is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before it is
 exponentiated, so any finite (or floored, `protocol.validate`) generator logprob gives finite
 ratios, losses, gradients and statistics. Beyond the bound a token's ratio is constant, so it
 carries no gradient through the ratio; within it nothing changes.
@@ -37,25 +39,31 @@ does not synchronise with the device: its statistics stay tensors until `Objecti
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig
+from swarm_node.kl import (  # re-exported: the KL estimators and the log-ratio clamp live in kl.py
+    KL_ESTIMATORS,
+    LOG_RATIO_BOUND,
+    KLEstimator,
+    KLReduction,
+    clamped_log_ratio,
+    per_sample_kl,
+    token_kl,
+)
+from swarm_node.objective_stats import QUANTILES, ObjectiveStats  # re-exported
 
-KLReduction = Literal["sum", "mean"]
+__all__ = [
+    "KL_ESTIMATORS", "LOG_RATIO_BOUND", "QUANTILES", "KLEstimator", "KLReduction", "Normalization",
+    "ObjectiveInputs", "ObjectiveStats", "advantage_filter", "carries_gradient", "clamped_log_ratio",
+    "group_advantages", "objective_loss", "per_sample_kl", "sample_weights", "token_kl", "unscored_stats",
+]
+
 Normalization = Literal["sequence", "token"]
-QUANTILES = (0.5, 0.9, 0.99)
-LOG_RATIO_BOUND = 20.0  # |log ratio| cap: e^20 ~ 4.9e8, so ratio * advantage * weight stays finite in float32
-
-
-def clamped_log_ratio(numerator: Tensor, denominator: Tensor, mask: Tensor) -> Tensor:
-    """log(numerator/denominator) of two logprob tensors [B,T], clamped to +-LOG_RATIO_BOUND, 0 where
-    `mask` is false (padding garbage, NaN included, never leaks: `torch.where` picks the 0)."""
-    diff = (numerator - denominator).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    return torch.where(mask, diff, 0.0)
 
 
 def group_advantages(
@@ -90,28 +98,6 @@ def group_advantages(
     rmin = zeros.scatter_reduce(0, inv, r, reduce="amin", include_self=False)
     degenerate = (count < 2) | (rmax == rmin)  # [n_groups]
     return torch.where(degenerate[inv], torch.zeros_like(adv), adv).to(out_dtype)
-
-
-def per_sample_kl(
-    trainer_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, reduction: KLReduction = "sum"
-) -> Tensor:
-    """Per-sample KL(pi_theta || pi_gen) by the k3 estimator on the sampled tokens.
-
-    delta_t = logp_gen - logp_theta, k3_t = exp(delta_t) - delta_t - 1 >= 0, reduced over the valid
-    tokens only (`sum`, or `mean` with 0 for a sample without valid tokens). Inputs [B,T], mask
-    [B,T] bool; returns [B] in the inputs' dtype (at least float32). delta is clamped to
-    +-LOG_RATIO_BOUND, so a huge delta gives a huge but finite KL (a sample certainly above any
-    sensible g), never inf or NaN. No gradient flows (inputs are detached).
-    """
-    dtype = torch.promote_types(trainer_logprobs.dtype, torch.float32)
-    delta = clamped_log_ratio(generator_logprobs.detach().to(dtype), trainer_logprobs.detach().to(dtype), mask)
-    k3 = torch.expm1(delta) - delta  # [B,T], exactly 0 on padding
-    total = k3.sum(dim=1)  # [B]
-    if reduction == "sum":
-        return total
-    if reduction == "mean":
-        return total / mask.sum(dim=1).clamp(min=1).to(dtype)
-    raise ValueError(f"unknown KL reduction {reduction!r}")
 
 
 def sample_weights(group_ids: Tensor, lengths: Tensor, normalization: Normalization = "sequence") -> Tensor:
@@ -176,100 +162,6 @@ class ObjectiveInputs:
             raise ValueError("mask and is_peer must be bool tensors")
 
 
-@dataclass
-class ObjectiveStats:
-    """Sums and counts of one or more objective calls; `merge` makes micro-batches add up exactly.
-
-    All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
-    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
-    of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
-    these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
-    the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
-    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C).
-    """
-
-    n_samples: Tensor
-    n_peer_samples: Tensor
-    n_filtered: Tensor
-    n_filtered_nonpositive_advantage: Tensor
-    n_filtered_kl: Tensor
-    n_peer_filtered: Tensor
-    n_peer_gradient: Tensor  # peer samples with A' != 0: not filtered and a nonzero advantage
-    n_tokens: Tensor
-    n_active_tokens: Tensor
-    rho_sum: Tensor
-    rho_max: Tensor
-    n_truncated: Tensor
-    n_clipped: Tensor
-    w_sum: Tensor
-    w_sq_sum: Tensor
-    kl_values: Tensor  # [n_samples] float64
-    kl_is_peer: Tensor  # [n_samples] bool
-
-    @classmethod
-    def empty(cls) -> ObjectiveStats:
-        """The neutral element of `merge`."""
-        z = torch.zeros((), dtype=torch.float64)
-        return cls(**{f.name: z for f in fields(cls) if f.name not in ("kl_values", "kl_is_peer", "rho_max")},
-                   rho_max=torch.tensor(float("-inf"), dtype=torch.float64),
-                   kl_values=torch.zeros(0, dtype=torch.float64), kl_is_peer=torch.zeros(0, dtype=torch.bool))
-
-    def merge(self, other: ObjectiveStats) -> ObjectiveStats:
-        """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
-        `a = a.merge(b)` work."""
-        dev = other.n_samples.device  # follow the newest batch: an empty() on the CPU moves once
-        for f in fields(self):
-            mine, theirs = getattr(self, f.name).to(dev), getattr(other, f.name)
-            if f.name == "rho_max":
-                merged = torch.maximum(mine, theirs)
-            elif f.name in ("kl_values", "kl_is_peer"):
-                merged = torch.cat([mine, theirs])
-            else:
-                merged = mine + theirs
-            setattr(self, f.name, merged)
-        return self
-
-    def to_dict(self) -> dict[str, float]:
-        """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""
-        def frac(num: Tensor, den: Tensor) -> float:
-            return float(num / den) if float(den) > 0 else 0.0
-
-        n, tok = self.n_samples, self.n_tokens
-        out = {
-            "samples": float(n),
-            "peer_samples": float(self.n_peer_samples),
-            "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
-            "peer_samples_gradient": float(self.n_peer_gradient),
-            "filtered": float(self.n_filtered),
-            "filtered_fraction": frac(self.n_filtered, n),
-            "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
-            "filtered_nonpositive_advantage_fraction": frac(self.n_filtered_nonpositive_advantage, n),
-            "filtered_kl": float(self.n_filtered_kl),
-            "filtered_kl_fraction": frac(self.n_filtered_kl, n),
-            "tokens": float(tok),
-            "active_tokens": float(self.n_active_tokens),
-            "is_weight_mean": frac(self.rho_sum, tok),
-            "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
-            "truncated_fraction": frac(self.n_truncated, tok),
-            "clipped_fraction": frac(self.n_clipped, tok),
-            "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
-        }
-        values = self.kl_values.detach().cpu()
-        peer = self.kl_is_peer.cpu()
-        out.update(_distribution("kl", values))
-        out.update(_distribution("kl_peer", values[peer]))
-        return out
-
-
-def _distribution(prefix: str, values: Tensor) -> dict[str, float]:
-    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor; zeros when empty."""
-    names = [f"{prefix}_mean"] + [f"{prefix}_p{round(q * 100)}" for q in QUANTILES] + [f"{prefix}_max"]
-    if values.numel() == 0:
-        return dict.fromkeys(names, 0.0)
-    qs = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype)).tolist()
-    return dict(zip(names, [float(values.mean()), *qs, float(values.max())], strict=True))
-
-
 def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
     """min(ratio * A, clip(ratio, 1-eps, 1+eps) * A) elementwise. log_ratio [B,T], adv [B,1]."""
     ratio = torch.exp(log_ratio)
@@ -284,40 +176,45 @@ def _filter_scope(is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
 
 
 def advantage_filter(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
-    """[B] bool: samples the f-* variants drop for a non-positive advantage (in the filter scope)."""
+    """[B] bool: samples in the filter scope whose advantage is <= 0 (the advantage condition)."""
     return _filter_scope(is_peer, cfg) & (advantages <= 0)
+
+
+def drop(bad_adv: Tensor, bad_kl: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: samples the filter rule drops, from its two conditions (each already in scope):
+    `or` (the paper's text) drops either, `and` (the authors' code) only both."""
+    return bad_adv | bad_kl if cfg.filter_rule == "or" else bad_adv & bad_kl
 
 
 def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
     """[B] bool: samples whose objective term can have a nonzero gradient.
 
     Every variant's per-token term is a multiple of the (possibly filtered) advantage A', so a
-    sample with A' = 0 (advantage exactly 0, or dropped by the advantage filter) contributes
-    exactly nothing, whatever its logprobs; the KL filter needs logprobs and is not decided here.
+    sample with A' = 0 (advantage exactly 0, or dropped by the advantage condition alone, which the
+    `or` rule does) contributes exactly nothing, whatever its logprobs; the KL condition needs
+    logprobs and is not decided here (under `and` a sample with A < 0 is kept unless its KL > g).
     """
-    return (advantages != 0) & ~advantage_filter(advantages, is_peer, cfg)
+    no_kl = torch.zeros_like(is_peer)
+    return (advantages != 0) & ~drop(advantage_filter(advantages, is_peer, cfg), no_kl, cfg)
 
 
 def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> ObjectiveStats:
     """Stats for samples left unscored because they carry no gradient (see `carries_gradient`).
 
-    They count as samples (and as filtered when the advantage filter drops them); token, weight
-    and KL statistics cover scored samples only, since these have no logprobs.
+    They count as samples and under the advantage condition when they meet it; as filtered when
+    that alone drops them (`or`: their KL is unknown, so under `and` they are not counted as
+    filtered). Token, weight and KL statistics cover scored samples only (these have no logprobs).
     """
     f64 = torch.float64
     bad_adv = advantage_filter(advantages, is_peer, cfg)
+    dropped = drop(bad_adv, torch.zeros_like(bad_adv), cfg)
     stats = ObjectiveStats.empty()
     stats.n_samples = torch.tensor(float(advantages.shape[0]), dtype=f64)
     stats.n_peer_samples = is_peer.sum().to(f64).cpu()
-    stats.n_filtered = stats.n_filtered_nonpositive_advantage = bad_adv.sum().to(f64).cpu()
-    stats.n_peer_filtered = (bad_adv & is_peer).sum().to(f64).cpu()
+    stats.n_filtered_nonpositive_advantage = bad_adv.sum().to(f64).cpu()
+    stats.n_filtered = dropped.sum().to(f64).cpu()
+    stats.n_peer_filtered = (dropped & is_peer).sum().to(f64).cpu()
     return stats
-
-
-def _filters(inputs: ObjectiveInputs, kl: Tensor, cfg: ObjectiveConfig) -> tuple[Tensor, Tensor]:
-    """Per-sample [B] bool masks (nonpositive advantage, KL above g) for the f-* variants."""
-    bad_kl = _filter_scope(inputs.is_peer, cfg) & (kl > cfg.kl_threshold)
-    return advantage_filter(inputs.advantages, inputs.is_peer, cfg), bad_kl
 
 
 def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tensor, ObjectiveStats]:
@@ -333,9 +230,12 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     old = inputs.step_start_logprobs.detach().to(dtype)
     gen = inputs.generator_logprobs.detach().to(dtype)
 
-    kl = per_sample_kl(old, gen, mask, cfg.kl_reduction)  # [B], from step start: fixed across epochs
-    bad_adv, bad_kl = _filters(inputs, kl, cfg)
-    filtered = bad_adv | bad_kl  # [B]
+    # [B] per estimator, from step start: fixed across epochs; the filter reads the configured one
+    kls = {e: per_sample_kl(old, gen, mask, cfg.kl_reduction, e) for e in KL_ESTIMATORS}
+    scope = _filter_scope(inputs.is_peer, cfg)
+    bad_adv = advantage_filter(inputs.advantages, inputs.is_peer, cfg)  # [B] the advantage condition
+    bad_kl = scope & (kls[cfg.kl_estimator] > cfg.kl_threshold)  # [B] the KL condition
+    filtered = drop(bad_adv, bad_kl, cfg)  # [B]
     adv = torch.where(filtered, 0.0, inputs.advantages.detach().to(dtype))  # A'  [B]
     active = mask & ~filtered[:, None]  # [B,T] tokens that can carry gradient
 
@@ -352,22 +252,26 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
         term = term * truncated_rho
     weights = inputs.sample_weights.detach().to(dtype)  # [B]
     objective = (term * active.to(dtype) * weights[:, None]).sum()
-    stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kl, bad_adv, bad_kl, active)
+    stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kls,
+                   (bad_adv, bad_kl, filtered), active)
     return -objective, stats
 
 
 @torch.no_grad()
 def _stats(
     inputs: ObjectiveInputs, cfg: ObjectiveConfig, rho: Tensor, truncated_rho: Tensor, clip_log_ratio: Tensor,
-    adv: Tensor, kl: Tensor, bad_adv: Tensor, bad_kl: Tensor, active: Tensor,
+    adv: Tensor, kls: dict[str, Tensor], conditions: tuple[Tensor, Tensor, Tensor], active: Tensor,
 ) -> ObjectiveStats:
     """Diagnostics of one call, as device tensors (no host synchronisation); sums in float64.
 
-    rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A'.
+    rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A';
+    kls: estimator -> [B]; conditions: [B] bool (advantage condition, KL condition, dropped).
     """
     f64 = torch.float64
     mask = inputs.mask
-    maskf = mask.to(rho.dtype)
+    peer_mask = mask & inputs.is_peer[:, None]  # [B,T] valid tokens of peers' samples
+    maskf, peerf = mask.to(rho.dtype), peer_mask.to(rho.dtype)
+    bad_adv, bad_kl, filtered = conditions
     eps = cfg.clip_eps
     a = adv[:, None]
     clipped = active & (((clip_log_ratio > _log1p(eps)) & (a > 0)) | ((clip_log_ratio < _log1p(-eps)) & (a < 0)))
@@ -376,20 +280,26 @@ def _stats(
     return ObjectiveStats(
         n_samples=torch.tensor(float(mask.shape[0]), dtype=f64, device=mask.device),
         n_peer_samples=inputs.is_peer.sum().to(f64),
-        n_filtered=(bad_adv | bad_kl).sum().to(f64),
+        n_filtered=filtered.sum().to(f64),
         n_filtered_nonpositive_advantage=bad_adv.sum().to(f64),
         n_filtered_kl=bad_kl.sum().to(f64),
-        n_peer_filtered=((bad_adv | bad_kl) & inputs.is_peer).sum().to(f64),
+        n_peer_filtered=(filtered & inputs.is_peer).sum().to(f64),
         n_peer_gradient=((adv != 0) & inputs.is_peer).sum().to(f64),
         n_tokens=mask.sum().to(f64),
         n_active_tokens=active.sum().to(f64),
         rho_sum=(rho * maskf).sum(dtype=f64),
         rho_max=(rho * maskf).amax().to(f64) if mask.numel() else neg_inf,  # padding gives 0 <= rho
         n_truncated=((rho > cfg.truncation_c) & mask).sum().to(f64),
+        n_peer_tokens=peer_mask.sum().to(f64),
+        rho_peer_sum=(rho * peerf).sum(dtype=f64),
+        rho_peer_max=(rho * peerf).amax().to(f64) if mask.numel() else neg_inf,  # 0 without peer tokens
+        n_peer_truncated=((rho > cfg.truncation_c) & peer_mask).sum().to(f64),
         n_clipped=clipped.sum().to(f64),
         w_sum=w.sum(dtype=f64),
         w_sq_sum=(w * w).sum(dtype=f64),
-        kl_values=kl.to(f64),
+        kl_values=kls[cfg.kl_estimator].to(f64),
+        kl_k3_gen_values=kls["k3_gen"].to(f64),
+        kl_k3_theta_values=kls["k3_theta"].to(f64),
         kl_is_peer=inputs.is_peer.clone(),
     )
 

@@ -46,9 +46,10 @@ PLOTS: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
     "reward": ("Reward (mean over own samples)", "reward", [(m.REWARD_MEAN, "", "-")]),
     "accuracy": ("Accuracy", "accuracy", [(m.ACCURACY, "train", "-"), (m.EVAL_ACCURACY, "eval", "--")]),
     "filtered_fraction": ("Filtered fraction of the batch", "fraction", [(m.FILTERED_FRACTION, "", "-")]),
-    "kl": ("Per-sample KL(pi_theta || pi_gen)", "KL", [(m.KL_MEAN, "mean", "-"), (m.KL_P90, "p90", "--")]),
+    "kl": ("Per-sample KL (objective.kl_estimator)", "KL", [(m.KL_MEAN, "mean", "-"), (m.KL_P90, "p90", "--")]),
     "importance_weights": ("Importance weights (before truncation)", "weight",
-                           [(m.IS_WEIGHT_MEAN, "mean", "-"), (m.IS_WEIGHT_MAX, "max", "--")]),
+                           [(m.IS_WEIGHT_MEAN, "mean", "-"), (m.IS_WEIGHT_PEER_MEAN, "peer mean", ":"),
+                            (m.IS_WEIGHT_MAX, "max", "--")]),
 }
 
 

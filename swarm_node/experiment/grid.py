@@ -1,7 +1,8 @@
 """Run a whole experiment grid (pairs x arms x seeds) into one directory, resumably.
 
     OUT/spec.json                      the resolved experiment spec
-    OUT/heldout.json                   the held-out problems (index, question, answer)
+    OUT/heldout.json                   the evaluated problems (index, question, answer); validation.json
+                                       instead when the spec evaluates the validation split
     OUT/runs/<pair>/<arm>/seed<k>/     <node>/metrics.jsonl (the node's own log), evals.jsonl,
                                        done.json (written last: a run with it is finished)
     OUT/summary.md, summary.json, plots/<pair>.png
@@ -24,32 +25,45 @@ from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, r
 from swarm_node.tasks.base import PromptSet
 
 
-def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[str] | None = None) -> dict[str, str]:
-    """node name -> model name (a warm model's directory when the node has a warm-up), for `names`
-    (default: every node)."""
+def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[str] | None = None,
+                   seeds: list[int] | None = None) -> dict[tuple[str, int], str]:
+    """(node name, seed) -> model name (a warm model's directory when the node has a warm-up: one per
+    seed with `warmup_seed = "per_seed"`), for `names` and `seeds` (default: every node and seed)."""
     from swarm_node.experiment.warmup import ensure_warm_model
 
-    system_prompt = spec.defaults.get("task", {}).get("system_prompt")
     out = {}
     for node in spec.nodes:
         if names is not None and node.name not in names:
             continue
-        warm = node.warmup_spec(system_prompt)
-        if warm is None:
-            out[node.name] = str(node.model)
-            continue
-        t0 = time.perf_counter()
-        path = ensure_warm_model(warm, spec.experiment.cache_dir.expanduser() / "warm", log=log)
-        log(f"node {node.name}: warm model {path.name} ({time.perf_counter() - t0:.0f}s)")
-        out[node.name] = str(path)
+        for seed in spec.experiment.seeds if seeds is None else seeds:
+            warm = node.warmup_for(spec, seed)
+            if warm is None:
+                out[(node.name, seed)] = str(node.model)
+                continue
+            t0 = time.perf_counter()
+            path = ensure_warm_model(warm, spec.experiment.cache_dir.expanduser() / "warm", log=log)
+            log(f"node {node.name} seed {seed}: warm model {path.name} ({time.perf_counter() - t0:.0f}s)")
+            out[(node.name, seed)] = str(path)
     return out
 
 
+def warmup_questions(spec: ExperimentSpec) -> set[str]:
+    """Every question any node's supervised warm-up may learn from, for any seed (the warm-up's
+    questions do not depend on the experiment seed: `NodeSpec.warmup_spec`)."""
+    from swarm_node.experiment.warmup import warmup_pool
+
+    specs = {(w.levels, w.ops, w.pool_seed, w.steps * w.batch_size): w for n in spec.nodes
+             for s in spec.experiment.seeds if (w := n.warmup_for(spec, s)) is not None}  # one per pool
+    return {p.question.strip() for w in specs.values() for p in warmup_pool(w)}
+
+
 def heldout_set(spec: ExperimentSpec, train_sets: list[PromptSet]) -> PromptSet:
-    """The first `eval.problems` problems of the eval task that no node trains on (by question text)."""
+    """The first `eval.problems` problems of the eval task in the evaluated split (`eval.split`) that
+    no node trains on or warms up on (by question text)."""
     from swarm_node.tasks.heldout import disjoint_heldout
 
-    return disjoint_heldout(eval_task(spec), train_sets, spec.eval.problems)
+    return disjoint_heldout(eval_task(spec), train_sets, spec.eval.problems, exclude=warmup_questions(spec),
+                            split=spec.eval.split)
 
 
 class Evaluator:
@@ -107,16 +121,16 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
             raise ValueError(f"unknown {what} {unknown}; the file has {names}")
     runs = [r for r in spec.runs() if (pairs is None or r[0].name in pairs) and (arms is None or r[1].name in arms)]
     used = [n for n in spec.nodes if any(n.name in p.nodes for p, _, _ in runs)]
-    models = prepare_models(spec, log, {n.name for n in used})
+    models = prepare_models(spec, log, {n.name for n in used}, sorted({s for _, _, s in runs}))
     # every node's training set counts, so that the held-out set is the same whichever pairs run
-    probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", models.get(n.name, "unused"))
-             for i, n in enumerate(spec.nodes)]
+    probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", "unused") for i, n in enumerate(spec.nodes)]
     tasks = {json.dumps(c.task.model_dump(mode="json"), sort_keys=True): c.task for c in probe}
     heldout = heldout_set(spec, [load_prompt_set(t) for t in tasks.values()])
-    atomic_write_text(out / "heldout.json", json.dumps([p.__dict__ for p in heldout.problems]))
-    evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt, out / "eval0.json")
-    evaluator.model_keys = {n.name: f"{models.get(n.name)}|lora={c.model.lora.enabled}"
-                            for n, c in zip(spec.nodes, probe, strict=True)}
+    split = spec.eval.split
+    atomic_write_text(out / f"{split}.json", json.dumps([p.__dict__ for p in heldout.problems]))
+    evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt,
+                          out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"))
+    lora = {n.name: c.model.lora.enabled for n, c in zip(spec.nodes, probe, strict=True)}
     done_now, t_grid = 0, time.perf_counter()
     try:
         for i, (pair, arm, seed) in enumerate(runs):
@@ -131,8 +145,10 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
                 shutil.rmtree(run_dir)  # an interrupted run starts over
             run_dir.mkdir(parents=True)
             configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
-                                          run_dir / name, models[name])) for name in pair.nodes]
+                                          run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
+                       for name in pair.nodes]
             log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
+            evaluator.model_keys = {name: f"{models[(name, seed)]}|lora={lora[name]}" for name in pair.nodes}
             t0 = time.perf_counter()
             kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
                           run_dir=run_dir, log=log)

@@ -7,6 +7,11 @@ deterministic for its seed. With `peer_lag = k`, what a node stores in round r b
 peers from round r + k on (k = 0: at once, so a node sees the groups of the nodes before it in this
 round and of the nodes after it from the previous round, as in an asynchronous swarm).
 
+Horizontal collaboration (every node answers parts of the same prompts' groups, DESIGN.md section 1)
+runs each round in two phases instead: every node generates and publishes its parts
+(`Node.generate_step`), then every node gathers and trains (`Node.train_step`), so each node's
+groups of the round are the union of all nodes' parts, on the same prompts. It needs `peer_lag = 0`.
+
 Held-out evaluation (greedy pass@1) runs at step 0, every `eval.every` steps and at the last step.
 """
 
@@ -116,6 +121,23 @@ def close_nodes(nodes: list[LockstepNode]) -> None:
         n.node._shutdown()
 
 
+def is_horizontal(configs: list[tuple[str, Any]]) -> bool:
+    """Whether the arm's nodes collaborate horizontally (every swarm-enabled node says so)."""
+    swarm = [cfg.swarm for _, cfg in configs if cfg.swarm.enabled]
+    return bool(swarm) and all(s.collaboration == "horizontal" for s in swarm)
+
+
+def _horizontal_round(nodes: list[LockstepNode], clock: RoundClock) -> None:
+    """One round of horizontal collaboration: every node publishes its parts, then every node trains."""
+    rollouts = []
+    for turn, n in enumerate(nodes):
+        clock.turn = turn
+        rollouts.append(n.node.generate_step())
+    for turn, (n, rollout) in enumerate(zip(nodes, rollouts, strict=True)):
+        clock.turn = len(nodes) + turn
+        n.node.train_step(rollout, n.node.start_gather(rollout.window))
+
+
 def eval_steps(steps: int, every: int) -> list[int]:
     return sorted({0, steps, *range(every, steps + 1, every)})
 
@@ -126,6 +148,10 @@ def run_lockstep(configs: list[tuple[str, Any]], *, steps: int, peer_lag: int, s
     """Run one arm x seed; writes evals.jsonl in `run_dir` and returns {node: [eval rows]}.
 
     `evaluate(node_name, policy, step)` returns at least {"accuracy": float}."""
+    horizontal = is_horizontal(configs)
+    if horizontal and peer_lag:
+        raise ValueError(f"horizontal collaboration needs peer_lag = 0 (got {peer_lag}): the parts of a shared "
+                         "group must reach every node in the round they are generated")
     torch.manual_seed(seed)
     nodes, clock, delivery = build_nodes(configs, peer_lag)
     evals_path = run_dir / "evals.jsonl"
@@ -138,9 +164,12 @@ def run_lockstep(configs: list[tuple[str, Any]], *, steps: int, peer_lag: int, s
         for r in range(steps):
             clock.round, clock.turn = r, 0
             delivery.release(r)
-            for turn, n in enumerate(nodes):
-                clock.turn = turn
-                n.node.run_step()
+            if horizontal:
+                _horizontal_round(nodes, clock)
+            else:
+                for turn, n in enumerate(nodes):
+                    clock.turn = turn
+                    n.node.run_step()
             if r + 1 in when:
                 rows += [{"node": n.name, "step": r + 1, **evaluate(n.name, n.parts.policy, r + 1)} for n in nodes]
                 accs = " ".join(f"{row['node']}={row['accuracy']:.3f}" for row in rows[-len(nodes):])

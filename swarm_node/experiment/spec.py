@@ -1,7 +1,9 @@
 """An experiment file: nodes, pairs of nodes, arms, seeds, steps and a held-out evaluation schedule.
 
-    [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir
-    [eval]        every, problems, batch_size, max_new_tokens, task = {TaskConfig fields}
+    [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir,
+                  warmup_seed ("per_seed" | "fixed")
+    [eval]        every, problems, batch_size, max_new_tokens, split ("heldout" | "validation"),
+                  task = {TaskConfig fields}
     [defaults]    NodeConfig sections shared by every node of every arm (model, generation, train, task, ...)
     [[nodes]]     name, model, lora, learning_rate, temperature, levels, set = [dotted overrides],
                   warmup = {base, levels, ops, steps, learning_rate, ...} (optional: a cached supervised
@@ -12,19 +14,26 @@
 
 The grid is pairs x arms x seeds. Every arm gives each node the same own-generation budget
 (steps x prompts_per_step x group_size); an `isolated` arm trains every node alone with on-policy
-GRPO. `node_config` turns (node, arm, seed) into the production `NodeConfig`, nothing else.
+GRPO. In a horizontal arm the n nodes of a pair answer the same n x prompts_per_step prompts per
+step, G/n completions each (`generation.group_size` is the whole group G), so every group of G is the
+union of the nodes' parts and the own budget is unchanged (`horizontal_parts`). `node_config` turns
+(node, arm, seed) into the production `NodeConfig`, nothing else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from swarm_node.config import LossVariant, NodeConfig, TaskConfig, apply_override
+from swarm_node.config import (
+    GenerationConfig, LossVariant, NodeConfig, SwarmConfig, TaskConfig, TrainConfig, apply_override,
+)
 from swarm_node.experiment.warmup import WarmupSpec
 
 ArmVariant = Literal["isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
@@ -44,6 +53,16 @@ class ExperimentSection(_Strict):
     steps: int = Field(20, ge=1, description="RL steps per node per run.")
     peer_lag: int = Field(0, ge=0, le=8, description="Lockstep: peers' records become visible k steps late.")
     cache_dir: Path = Field(DEFAULT_CACHE, description="Where warm-up models and converted models are cached.")
+    warmup_seed: Literal["per_seed", "fixed"] = Field(
+        "per_seed",
+        description=(
+            "per_seed (default): a node's warm-up seed is its `warmup.seed` plus the experiment seed (batch order "
+            "and torch seed; the warm-up questions stay the same), so every seed starts from its own warm model "
+            "and intervals over seeds include the starting point; arms of one seed share it, so pairing holds. "
+            "fixed: one warm model per node for every seed (the behaviour before; intervals then leave "
+            "initialisation out)."
+        ),
+    )
 
 
 class EvalSection(_Strict):
@@ -51,9 +70,17 @@ class EvalSection(_Strict):
     problems: int = Field(64, ge=1, description="N held-out problems (greedy pass@1).")
     batch_size: int = Field(64, ge=1, description="Evaluation batch size.")
     max_new_tokens: int = Field(32, ge=1, description="Completion cap at evaluation.")
+    split: Literal["heldout", "validation"] = Field(
+        "heldout",
+        description=(
+            "Which split the grid evaluates (`tasks.heldout.split_of`, by a hash of the question): `heldout`, "
+            "where claims are read; `validation`, a disjoint set (also disjoint from training and warm-up "
+            "questions) for choosing settings (learning rate, g, a sandbox's mix) without reading the held-out set."
+        ),
+    )
     task: dict[str, Any] = Field(default_factory=lambda: {"name": "arithmetic", "seed": 1_000_003},
-                                 description="TaskConfig of the held-out set; arithmetic problems that "
-                                             "appear in any node's training set are removed.")
+                                 description="TaskConfig of the evaluation set; problems whose question appears "
+                                             "in any node's training set or warm-up data are removed.")
 
 
 class NodeSpec(_Strict):
@@ -66,7 +93,9 @@ class NodeSpec(_Strict):
     set: list[str] = Field(default_factory=list)
     warmup: dict[str, Any] | None = None
 
-    def warmup_spec(self, system_prompt: str | None) -> WarmupSpec | None:
+    def warmup_spec(self, system_prompt: str | None, seed: int | None = None) -> WarmupSpec | None:
+        """The node's warm-up; with `seed` (warmup_seed = "per_seed") its seed moves by the experiment
+        seed and its questions stay those of its own seed (`data_seed`)."""
         if self.warmup is None:
             return None
         w = dict(self.warmup)
@@ -74,7 +103,15 @@ class NodeSpec(_Strict):
             if key in w:
                 w[key] = tuple(w[key])
         w.setdefault("system_prompt", system_prompt)
-        return WarmupSpec(**w)
+        spec = WarmupSpec(**w)
+        if seed is None:
+            return spec
+        return dataclasses.replace(spec, seed=spec.seed + seed, data_seed=spec.pool_seed)
+
+    def warmup_for(self, spec: ExperimentSpec, seed: int) -> WarmupSpec | None:
+        """The warm-up this node starts from in a run of experiment seed `seed`."""
+        system_prompt = spec.defaults.get("task", {}).get("system_prompt")
+        return self.warmup_spec(system_prompt, seed if spec.experiment.warmup_seed == "per_seed" else None)
 
 
 class PairSpec(_Strict):
@@ -85,7 +122,9 @@ class PairSpec(_Strict):
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     variant: ArmVariant
-    collaboration: Literal["vertical", "horizontal"] = "vertical"
+    collaboration: Literal["vertical", "horizontal"] = Field(
+        "vertical", description="vertical: a node generates whole groups; horizontal: the nodes of a pair generate "
+                                "G/n of each of n x prompts_per_step shared prompts per step (`horizontal_parts`).")
     set: list[str] = Field(default_factory=list)
 
 
@@ -115,6 +154,10 @@ class ExperimentSpec(_Strict):
         for node in self.nodes:
             if node.model is None and node.warmup is None:
                 raise ValueError(f"node {node.name!r} needs `model` or `warmup`")
+        horizontal = [a.name for a in self.arms if a.collaboration == "horizontal" and a.variant != "isolated"]
+        if horizontal and self.experiment.mode == "lockstep" and self.experiment.peer_lag:
+            raise ValueError(f"horizontal arms {horizontal} need experiment.peer_lag = 0: the parts of a shared "
+                             "group must reach every node in the step they are generated")
         return self
 
     @classmethod
@@ -147,8 +190,9 @@ def run_id(pair: PairSpec, arm: ArmSpec, seed: int) -> str:
 
 
 def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, node_index: int,
-                node_dir: Path, model_name: str | None = None) -> NodeConfig:
-    """The production NodeConfig of `node` in `arm` for `seed` (model_name: a warm model's directory)."""
+                node_dir: Path, model_name: str | None = None, pair_size: int = 1) -> NodeConfig:
+    """The production NodeConfig of `node` in `arm` for `seed` (model_name: a warm model's directory;
+    pair_size: the nodes of the pair, who share a horizontal arm's groups)."""
     data: dict[str, Any] = json.loads(json.dumps(spec.defaults))
     data["node_dir"] = str(node_dir)
     model = data.setdefault("model", {})
@@ -179,7 +223,33 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
         objective["variant"] = arm.variant
     for item in [*node.set, *arm.set]:
         apply_override(data, item)
+    if arm.variant != "isolated" and arm.collaboration == "horizontal":
+        horizontal_parts(data, pair_size)
     return NodeConfig.model_validate(data)
+
+
+def horizontal_parts(data: dict[str, Any], n: int) -> None:
+    """A horizontal arm's node config (in place): of a group of G = `generation.group_size` on each of
+    n x P shared prompts (P = `train.prompts_per_step`), each of the n nodes generates G/n, so its own
+    budget stays P x G and each group of its batch is the union of n parts (DESIGN.md section 1).
+    The peer caps rise to what the union needs (the other nodes' n x P parts each, (n-1)/n of the
+    groups), so that no part of a shared group is left out; a peer's share is scaled by its
+    reputation weight, at least 1 / (1 + trusted_after) for a fresh identity, so the per-peer cap
+    is n x P over that weight (`swarm.admission.fair_sample`)."""
+    from swarm_node.swarm.admission import Reputation
+
+    gen, train, swarm = data.setdefault("generation", {}), data.setdefault("train", {}), data["swarm"]
+    group = int(gen.get("group_size", GenerationConfig.model_fields["group_size"].default))
+    prompts = int(train.get("prompts_per_step", TrainConfig.model_fields["prompts_per_step"].default))
+    if group % n:
+        raise ValueError(f"a horizontal arm splits each group of G = {group} among {n} nodes: G must be a multiple of {n}")
+    gen["group_size"] = group // n
+    train["prompts_per_step"] = prompts * n
+    caps = SwarmConfig.model_fields
+    per_peer = math.ceil(n * prompts * (1.0 + Reputation().trusted_after))
+    for key, need in (("max_peer_groups_per_step", (n - 1) * n * prompts), ("max_groups_per_peer", per_peer),
+                      ("max_peer_fraction", (n - 1) / n)):
+        swarm[key] = max(swarm.get(key, caps[key].default), need)
 
 
 def variant_of(arm: ArmSpec) -> LossVariant:

@@ -4,8 +4,11 @@ Per pair, arm and node: final held-out accuracy and area under the accuracy curv
 area divided by the step span: the mean accuracy over the run), each as mean and 95% interval over
 seeds (Student t: mean +/- t_{0.975, n-1} * sd / sqrt(n)); the same for the per-seed difference to
 the isolated arm (paired by seed, so the shared starting point and prompt order cancel); and from
-the nodes' own metrics: peer samples used, the fraction of peer samples filtered, the mean
-importance weight pi_theta/pi_gen on scored tokens and the mean KL to peers.
+the nodes' own metrics (`run_metrics`, per run, then the mean over seeds): peer samples that carried
+gradient (not filtered, advantage != 0), the fraction of peer samples filtered, the importance
+weight pi_theta_old/pi_gen over peers' tokens only, and the per-sample KL to peers by both
+estimators (k3_gen and k3_theta, `swarm_node.kl`): median of the steps' medians, median of the
+steps' 90th percentiles, and the largest value of the run.
 """
 
 from __future__ import annotations
@@ -57,22 +60,46 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+KL_ESTIMATORS = ("k3_gen", "k3_theta")
+PEER_COLUMNS = ("peer_samples_gradient", "peer_filtered_fraction", "is_weight_peer_mean",
+                *(f"kl_{e}_{s}" for e in KL_ESTIMATORS for s in ("p50", "p90", "max")), "train_reward_last5")
+
+
+def _median(values: Sequence[float]) -> float:
+    vals = sorted(values)
+    if not vals:
+        return math.nan
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
 def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
-    """Peer-data statistics of one node over one run, from its metrics.jsonl."""
+    """Peer-data statistics of one node over one run, from its metrics.jsonl (nan without peers).
+
+    peer_samples_gradient: sum over steps of peer samples that carried gradient; peer_filtered_fraction:
+    1 - peer_samples_used / peer_samples over the run; is_weight_peer_mean: the mean importance weight
+    over every peer token of the run (steps weighted by their `peer_tokens`); kl_<estimator>_p50 /
+    _p90: median over the steps with peers of the step's median / 90th percentile of the per-sample
+    KL to peers; kl_<estimator>_max: the run's largest."""
     rows = _read_jsonl(run_dir / node / "metrics.jsonl")
     peer = sum(r.get("peer_samples", 0.0) for r in rows)
     used = sum(r.get("peer_samples_used", 0.0) for r in rows)
     with_peers = [r for r in rows if r.get("peer_samples", 0.0) > 0]
-    return {
+    peer_tokens = sum(r.get("peer_tokens", 0.0) for r in with_peers)
+    out = {
         "peer_samples": peer,
-        "peer_samples_used": used,
+        "peer_samples_gradient": sum(r.get("peer_samples_gradient", 0.0) for r in rows),
         "peer_filtered_fraction": 1.0 - used / peer if peer > 0 else math.nan,
-        "is_weight_mean": (sum(r.get("is_weight_mean", 0.0) for r in with_peers) / len(with_peers)
-                           if with_peers else math.nan),
-        "kl_peer_mean": (sum(r.get("kl_peer_mean", 0.0) for r in with_peers) / len(with_peers)
-                         if with_peers else math.nan),
+        "is_weight_peer_mean": (sum(r.get("is_weight_peer_mean", 0.0) * r.get("peer_tokens", 0.0) for r in with_peers)
+                                / peer_tokens if peer_tokens > 0 else math.nan),
         "train_reward_last5": (sum(r.get("reward_mean", 0.0) for r in rows[-5:]) / len(rows[-5:]) if rows else math.nan),
     }
+    for e in KL_ESTIMATORS:
+        steps = [r for r in with_peers if f"kl_peer_{e}_p50" in r]
+        out[f"kl_{e}_p50"] = _median([r[f"kl_peer_{e}_p50"] for r in steps])
+        out[f"kl_{e}_p90"] = _median([r[f"kl_peer_{e}_p90"] for r in steps])
+        out[f"kl_{e}_max"] = max((r[f"kl_peer_{e}_max"] for r in steps), default=math.nan)
+    return out
 
 
 def collect(out: Path, spec: Any) -> dict[str, Any]:
@@ -120,42 +147,53 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
                        "auc": mean_ci([r["auc"] for r in runs.values()]),
                        "d_final": mean_ci([runs[s]["final"] - iso[s]["final"] for s in paired]),
                        "d_auc": mean_ci([runs[s]["auc"] - iso[s]["auc"] for s in paired]),
-                       **{k: _finite_mean([r[k] for r in runs.values()])
-                          for k in ("peer_samples_used", "peer_filtered_fraction", "is_weight_mean", "kl_peer_mean",
-                                    "train_reward_last5")}}
+                       **{k: _finite_mean([r.get(k, math.nan) for r in runs.values()]) for k in PEER_COLUMNS}}
                 table[f"{pair.name}|{arm.name}|{node}"] = row
     return table
 
 
+def _g(v: float) -> str:
+    """A KL value for a table: three significant digits, '-' for nan."""
+    return "-" if math.isnan(v) else f"{v:.3g}"
+
+
 def markdown(table: dict, spec: Any, out: Path) -> str:
     e = spec.experiment
-    lines = [f"# {e.name}: held-out accuracy, mean ± 95% interval over seeds", "",
-             f"seeds {e.seeds}, {e.steps} steps, held-out: {spec.eval.problems} problems greedy pass@1 every "
+    split = "held-out" if spec.eval.split == "heldout" else "validation"
+    lines = [f"# {e.name}: {split} accuracy, mean ± 95% interval over seeds", "",
+             f"seeds {e.seeds}, {e.steps} steps, {split}: {spec.eval.problems} problems greedy pass@1 every "
              f"{spec.eval.every} steps; Δ = paired difference to the isolated arm (same seed). "
-             "AUC = mean accuracy over the curve. peer used = peer samples that carried gradient per run; "
-             "filtered = fraction of peer samples filtered; IS = mean pi_theta/pi_gen; KL = mean per-sample KL "
-             "to peers.", ""]
+             "AUC = mean accuracy over the curve. peer grad = peer samples that carried gradient per run "
+             "(not filtered, advantage ≠ 0); filtered = fraction of peer samples filtered; IS peer = mean "
+             "pi_theta_old/pi_gen over peers' tokens. KL to peers per run (mean over seeds): median of the "
+             "steps' medians (p50), median of the steps' 90th percentiles (p90), largest value (max), by the "
+             "k3_gen estimator (of KL(pi_gen || pi_theta), unbiased on peers' samples) and the k3_theta form.", ""]
     for pair in spec.pairs:
         if not any(key.startswith(f"{pair.name}|") for key in table):
             continue  # a pair with no finished run (not run yet, or not chosen)
         lines += [f"## {pair.name}: {' + '.join(pair.nodes)}", "", f"![{pair.name}](plots/{pair.name}.png)", "",
-                  "| arm | node | final | AUC | Δ final | Δ AUC | peer used | filtered | IS | KL | n |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| arm | node | final | AUC | Δ final | Δ AUC | peer grad | filtered | IS peer | n |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        kl_lines = ["| arm | node | k3_gen p50 | k3_gen p90 | k3_gen max | k3_theta p50 | k3_theta p90 | k3_theta max |",
+                    "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for arm in spec.arms:
             for node in pair.nodes:
                 row = table.get(f"{pair.name}|{arm.name}|{node}")
                 if row is None:
                     continue
                 iso = arm.name == "isolated"
-                used = "" if iso else f"{row['peer_samples_used']:.0f}"
                 lines.append(
                     f"| {arm.name} | {node} | {_fmt(*row['final'])} | {_fmt(*row['auc'])} | "
                     f"{'' if iso else _fmt(*row['d_final'])} | {'' if iso else _fmt(*row['d_auc'])} | "
-                    f"{used} | "
+                    f"{'' if iso else _fmt(row['peer_samples_gradient'], math.nan, 0)} | "
                     f"{'' if iso else _fmt(row['peer_filtered_fraction'], math.nan, 2)} | "
-                    f"{'' if iso else _fmt(row['is_weight_mean'], math.nan, 2)} | "
-                    f"{'' if iso else _fmt(row['kl_peer_mean'], math.nan, 2)} | {len(row['seeds'])} |")
+                    f"{'' if iso else _fmt(row['is_weight_peer_mean'], math.nan, 2)} | {len(row['seeds'])} |")
+                if not iso:
+                    kl_lines.append(f"| {arm.name} | {node} | " + " | ".join(
+                        _g(row[f"kl_{est}_{stat}"]) for est in KL_ESTIMATORS for stat in ("p50", "p90", "max")) + " |")
         lines.append("")
+        if len(kl_lines) > 2:
+            lines += [f"Per-sample KL to peers ({pair.name}):", "", *kl_lines, ""]
     return "\n".join(lines)
 
 

@@ -4,6 +4,9 @@ The nodes' production configs are written as a `swarm-node local` file (the firs
 the shared sections, every other node's differences as its `set` overrides); each node checkpoints
 every `eval.every` steps and keeps them all, and the held-out evaluation reads those checkpoints
 after the run, so it measures exactly the weights the running nodes had at those steps.
+
+Real processes run unsynchronised: in a horizontal arm a node trains on the parts of a shared group
+that have arrived when its gather ends (lockstep waits for every part; see lockstep.py).
 """
 
 from __future__ import annotations

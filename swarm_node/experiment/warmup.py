@@ -9,6 +9,12 @@ which answer operations it sees, steps, learning rate, batch, seed), so its resu
 under a name derived from the spec and reused by every run of a grid; the directory is written
 atomically (under a file lock) and is an ordinary model directory that `model.name` can name.
 
+Its supervised problems (`warmup_pool`) are drawn from their own procedural set under `data_seed`
+(default: `seed`); `seed` also orders the batches and seeds torch. An experiment with
+`warmup_seed = "per_seed"` varies `seed` with the experiment seed and keeps `data_seed`, so each
+seed starts from its own warm model while the questions learned, which the held-out set excludes,
+stay the same for every seed.
+
 Supervised targets are the bare boxed answer (`\\boxed{N}` then the end-of-turn token) after the
 prompt the node renders itself, so the warm-up teaches the answer format and some arithmetic, and RL
 improves the arithmetic. Loss is on completion tokens only.
@@ -49,9 +55,18 @@ class WarmupSpec:
     seed: int = 0
     system_prompt: str | None = None
     extra: dict = field(default_factory=dict)  # reserved; part of the cache name
+    data_seed: int | None = None  # the supervised problems' seed (None: `seed`)
+
+    @property
+    def pool_seed(self) -> int:
+        return self.seed if self.data_seed is None else self.data_seed
 
     def cache_name(self) -> str:
-        payload = json.dumps({**asdict(self), "version": WARMUP_VERSION}, sort_keys=True)
+        fields_ = asdict(self)
+        del fields_["data_seed"]  # named only when it differs from `seed`: older names stay valid
+        if self.pool_seed != self.seed:
+            fields_["data_seed"] = self.pool_seed
+        payload = json.dumps({**fields_, "version": WARMUP_VERSION}, sort_keys=True)
         return f"warm-{hashlib.sha256(payload.encode()).hexdigest()[:16]}"
 
 
@@ -69,13 +84,19 @@ def warmup_problems(spec: WarmupSpec, count: int) -> list[Problem]:
     i = 0
     while len(out) < count:
         level = spec.levels[i % len(spec.levels)]
-        p = arithmetic_problem(WARMUP_DATA_SEED + spec.seed, level, i)
+        p = arithmetic_problem(WARMUP_DATA_SEED + spec.pool_seed, level, i)
         i += 1
         if level > 2 or problem_op(p) in spec.ops:
             out.append(p)
         if i > 50 * count + 1000:
             raise ValueError(f"warm-up ops {spec.ops} match no problems of levels {spec.levels}")
     return out
+
+
+def warmup_pool(spec: WarmupSpec) -> list[Problem]:
+    """Every supervised problem `train_warmup` may show (its batches are drawn from these): what a
+    held-out set must not contain."""
+    return warmup_problems(spec, spec.steps * spec.batch_size // 4 + 64)
 
 
 def _examples(tok, problems: list[Problem], system_prompt: str | None) -> list[tuple[list[int], list[int]]]:
@@ -116,7 +137,7 @@ def _base_model(name: str) -> tuple[torch.nn.Module, object]:
 def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
     """Build or load the base model, train it on the spec's problems, save model + tokenizer to `out`."""
     model, tok = _base_model(spec.base)
-    examples = _examples(tok, warmup_problems(spec, spec.steps * spec.batch_size // 4 + 64), spec.system_prompt)
+    examples = _examples(tok, warmup_pool(spec), spec.system_prompt)
     rng = random.Random(spec.seed)
     log_every = min(100, max(1, spec.steps // 4))  # about four progress lines, at most one per 100 steps
     start = time.perf_counter()

@@ -5,8 +5,8 @@
      (`objective.group_advantages`), and per-sample weights over the whole batch
      (`objective.sample_weights`), so micro-batch losses add up to the batch loss;
   2. leaves out the samples that cannot carry gradient (`objective.carries_gradient`: advantage
-     exactly 0, as in a group whose completions all got the same reward, or a peer sample the
-     advantage filter drops); the update is exactly the same without them, and they are counted
+     exactly 0, as in a group whose completions all got the same reward, or a peer sample with
+     A <= 0 under `filter_rule = "or"`); the update is exactly the same without them, and they are counted
      in the stats (`objective.unscored_stats`) and in `skipped_samples`;
   3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest (one prompt per
      micro-batch, so the scorer runs that prompt once) with gradient

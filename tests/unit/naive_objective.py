@@ -45,13 +45,20 @@ def naive_advantages(rewards: list[float], group_ids: list[int], scale_by_std: b
     return out
 
 
-def naive_kl(theta: list[float], gen: list[float], mask: list[bool], reduction: str) -> float:
-    """k3 estimate of KL(pi_theta || pi_gen) over the valid tokens of one sample."""
+def naive_kl(theta: list[float], gen: list[float], mask: list[bool], reduction: str, estimator: str = "k3_gen") -> float:
+    """k3 estimate over the valid tokens of one sample: `k3_gen` r - 1 - log r with r = pi_theta/pi_gen
+    (KL(pi_gen || pi_theta) on pi_gen's samples), `k3_theta` e^d - d - 1 with d = log pi_gen - log pi_theta."""
     total, n = 0.0, 0
     for t in range(len(mask)):
         if mask[t]:
-            delta = gen[t] - theta[t]
-            total += math.exp(delta) - delta - 1.0
+            if estimator == "k3_gen":
+                log_r = theta[t] - gen[t]
+                total += math.exp(log_r) - 1.0 - log_r
+            elif estimator == "k3_theta":
+                delta = gen[t] - theta[t]
+                total += math.exp(delta) - delta - 1.0
+            else:
+                raise ValueError(estimator)
             n += 1
     if reduction == "mean":
         return total / n if n else 0.0
@@ -82,6 +89,8 @@ def naive_loss_and_grad(
     eps: float = 0.2,
     g: float = 50.0,
     kl_reduction: str = "sum",
+    kl_estimator: str = "k3_gen",
+    filter_rule: str = "or",
     scope: str = "peers",
     normalization: str = "sequence",
     scale_by_std: bool = True,
@@ -102,8 +111,9 @@ def naive_loss_and_grad(
             continue
         a = adv[i]
         if variant.startswith("f-") and (batch.is_peer[i] or scope == "all"):
-            kl = naive_kl(batch.step_start[i], batch.generator[i], batch.mask[i], kl_reduction)
-            if a <= 0 or kl > g:
+            kl = naive_kl(batch.step_start[i], batch.generator[i], batch.mask[i], kl_reduction, kl_estimator)
+            drop = (a <= 0 or kl > g) if filter_rule == "or" else (a <= 0 and kl > g)
+            if drop:
                 a = 0.0
         if normalization == "sequence":
             group_size = sum(1 for j in range(n) if batch.group_ids[j] == batch.group_ids[i])

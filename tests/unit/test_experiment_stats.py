@@ -125,3 +125,54 @@ def test_example_experiment_files_validate(name, tmp_path):
         assert {a.variant for a in spec.arms} == {"isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"}
         assert {(a.variant, a.collaboration) for a in spec.arms if a.collaboration == "horizontal"} == {("f-tis", "horizontal")}
         assert len(spec.experiment.seeds) >= 3 and len(spec.pairs) == 3
+
+
+def _write_run(out, arm: str, seed: int, evals: list[dict], metrics: dict[str, list[dict]]) -> None:
+    import json
+
+    run = out / "runs" / "all" / arm / f"seed{seed}"
+    run.mkdir(parents=True)
+    (run / "evals.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    for node, rows in metrics.items():
+        (run / node).mkdir()
+        (run / node / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "done.json").write_text("{}")
+
+
+def test_summary_statistics_on_a_known_run(tmp_path):
+    """Peer samples that carried gradient, peer-token importance weights and both KL estimators' peer
+    distributions, from a hand-written metrics log."""
+    from swarm_node.experiment.summary import collect, markdown
+
+    spec = _spec(tmp_path)
+    kl = {"kl_peer_k3_gen_p50": 0.1, "kl_peer_k3_gen_p90": 1.0, "kl_peer_k3_gen_max": 3.0,
+          "kl_peer_k3_theta_p50": 0.2, "kl_peer_k3_theta_p90": 5.0, "kl_peer_k3_theta_max": 100.0}
+    kl2 = {"kl_peer_k3_gen_p50": 0.3, "kl_peer_k3_gen_p90": 2.0, "kl_peer_k3_gen_max": 2.5,
+           "kl_peer_k3_theta_p50": 0.4, "kl_peer_k3_theta_p90": 7.0, "kl_peer_k3_theta_max": 1e6}
+    rows = [  # is_weight_mean (own tokens included) and peer_samples_used (A = 0 included) must not be read
+        {"step": 1, "reward_mean": 0.25, "peer_samples": 8, "peer_samples_used": 2, "peer_samples_gradient": 2,
+         "peer_tokens": 40, "is_weight_peer_mean": 0.5, "is_weight_mean": 0.9, **kl},
+        {"step": 2, "reward_mean": 0.5, "peer_samples": 8, "peer_samples_used": 5, "peer_samples_gradient": 3,
+         "peer_tokens": 60, "is_weight_peer_mean": 1.0, "is_weight_mean": 0.99, **kl2},
+        {"step": 3, "reward_mean": 0.75, "peer_samples": 0, "peer_samples_used": 0, "peer_samples_gradient": 0,
+         "peer_tokens": 0, "is_weight_peer_mean": 0.0, **dict.fromkeys(kl, 0.0)},
+    ]
+    out = tmp_path / "out"
+    _write_run(out, "f-tis", 0, [{"node": "a", "step": 0, "accuracy": 0.25}, {"node": "a", "step": 3, "accuracy": 0.5}],
+               {"a": rows})
+    _write_run(out, "isolated", 0, [{"node": "a", "step": 0, "accuracy": 0.25},
+                                    {"node": "a", "step": 3, "accuracy": 0.375}], {"a": [{"step": 1}]})
+    table = summarise(collect(out, spec), spec)
+    row = table["all|f-tis|a"]
+    assert row["peer_samples_gradient"] == 5
+    assert row["peer_filtered_fraction"] == pytest.approx(1 - 7 / 16)
+    assert row["is_weight_peer_mean"] == pytest.approx((0.5 * 40 + 1.0 * 60) / 100)  # over peer tokens
+    assert (row["kl_k3_gen_p50"], row["kl_k3_gen_p90"], row["kl_k3_gen_max"]) == pytest.approx((0.2, 1.5, 3.0))
+    assert (row["kl_k3_theta_p50"], row["kl_k3_theta_p90"], row["kl_k3_theta_max"]) == pytest.approx((0.3, 6.0, 1e6))
+    assert row["train_reward_last5"] == pytest.approx(0.5)
+    assert row["d_final"][0] == pytest.approx(0.125) and row["auc"][0] == pytest.approx(0.375)
+    assert math.isnan(table["all|isolated|a"]["is_weight_peer_mean"])
+    md = markdown(table, spec, out)
+    assert "| f-tis | a | 0.500 | 0.375 | 0.125 | 0.062 | 5 | 0.56 | 0.80 | 1 |" in md
+    assert "| f-tis | a | 0.2 | 1.5 | 3 | 0.3 | 6 | 1e+06 |" in md
+    assert "| isolated | a | 0.375 | 0.312 |  |  |  |  |  | 1 |" in md

@@ -99,7 +99,7 @@ def test_filtered_sample_shapes_advantages_but_has_zero_gradient(reason):
     trainer = -torch.rand(4, 6, generator=g, dtype=torch.float64)
     generator = trainer + 0.3 * torch.randn(4, 6, generator=g, dtype=torch.float64)
     if reason == "kl":
-        generator[0] = trainer[0] + 4.0  # pi_gen far above pi_theta: k3 per token ~ e^4 - 5
+        trainer[0] -= 10.0  # pi_gen far above pi_theta: k3_gen per token ~ 9, so 6 tokens sum above g = 50
     t = {"trainer": trainer, "step_start": trainer, "generator": generator,
          "mask": torch.ones(4, 6, dtype=torch.bool), "rewards": rewards, "group_ids": group_ids,
          "is_peer": torch.ones(4, dtype=torch.bool)}

@@ -56,11 +56,21 @@ def test_per_sample_kl_k3_sum_and_mean_ignore_padding():
     theta = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, float("inf"), 5.0]], dtype=torch.float64)
     gen = torch.tensor([[-1.5, -1.0, 4.0], [-0.5, -3.0, float("-inf")]], dtype=torch.float64)
     mask = torch.tensor([[True, True, False], [True, False, False]])
+    # k3_theta: d = gen - theta = -0.5, 1.0 -> e^d - d - 1
     k3 = [math.exp(-0.5) + 0.5 - 1, math.exp(1.0) - 1.0 - 1]
-    torch.testing.assert_close(per_sample_kl(theta, gen, mask, "sum"), torch.tensor([sum(k3), 0.0], dtype=torch.float64))
-    torch.testing.assert_close(per_sample_kl(theta, gen, mask, "mean"), torch.tensor([sum(k3) / 2, 0.0], dtype=torch.float64))
+    kl = per_sample_kl(theta, gen, mask, "sum", "k3_theta")
+    torch.testing.assert_close(kl, torch.tensor([sum(k3), 0.0], dtype=torch.float64))
+    kl = per_sample_kl(theta, gen, mask, "mean", "k3_theta")
+    torch.testing.assert_close(kl, torch.tensor([sum(k3) / 2, 0.0], dtype=torch.float64))
+    # k3_gen (the default): log r = theta - gen = 0.5, -1.0 -> r - 1 - log r
+    k3g = [math.exp(0.5) - 1 - 0.5, math.exp(-1.0) - 1 + 1.0]
+    torch.testing.assert_close(per_sample_kl(theta, gen, mask, "sum"), torch.tensor([sum(k3g), 0.0], dtype=torch.float64))
+    kl = per_sample_kl(theta, gen, mask, "mean", "k3_gen")
+    torch.testing.assert_close(kl, torch.tensor([sum(k3g) / 2, 0.0], dtype=torch.float64))
     empty = torch.zeros(1, 3, dtype=torch.bool)
     assert float(per_sample_kl(theta[:1], gen[:1], empty, "mean")[0]) == 0.0
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        per_sample_kl(theta, gen, mask, "sum", "k1")
 
 
 def test_sample_weights_sequence_and_token():
@@ -88,7 +98,7 @@ def test_stats_values_on_a_handmade_batch():
     d = stats.to_dict()
     rho = [1.0, math.exp(2.0), math.exp(-1.0)]
     w = [1.0, 2.0, math.exp(-1.0)]
-    kl1 = math.exp(1.0) - 1.0 - 1.0  # delta = gen - theta = 1
+    kl1 = math.exp(-1.0) - 1.0 + 1.0  # k3_gen: log r = theta - gen = -1
     assert d["samples"] == 2 and d["peer_samples"] == 1 and d["tokens"] == 3 and d["active_tokens"] == 2
     assert d["filtered"] == 1 and d["filtered_fraction"] == 0.5 and d["peer_samples_used"] == 0
     assert d["peer_samples_gradient"] == 0
@@ -98,7 +108,7 @@ def test_stats_values_on_a_handmade_batch():
     assert d["truncated_fraction"] == pytest.approx(1 / 3)
     assert d["clipped_fraction"] == 0.0
     assert d["ess"] == pytest.approx(sum(w) ** 2 / sum(x * x for x in w) / 3)
-    kl0 = math.exp(-2.0) + 2.0 - 1.0
+    kl0 = math.exp(2.0) - 1.0 - 2.0  # log r = 0, 2
     assert d["kl_mean"] == pytest.approx((kl0 + kl1) / 2)
     assert d["kl_max"] == pytest.approx(kl0)
     assert d["kl_p50"] == pytest.approx((kl0 + kl1) / 2)
@@ -131,6 +141,7 @@ def test_config_defaults_are_the_papers():
     cfg = ObjectiveConfig()
     assert (cfg.variant, cfg.truncation_c, cfg.clip_eps, cfg.kl_threshold) == ("f-tis", 2.0, 0.2, 50.0)
     assert (cfg.filter_scope, cfg.normalization, cfg.kl_reduction) == ("peers", "sequence", "sum")
+    assert cfg.kl_estimator == "k3_gen"  # unbiased for KL(pi_gen || pi_theta) on the peers' samples
     with pytest.raises(ValueError):
         ObjectiveConfig(truncation_c=0)
     with pytest.raises(ValueError):

@@ -89,8 +89,15 @@ def test_every_variant_is_finite_for_extreme_finite_generator_logprobs(variant: 
 
 def test_kl_of_an_extreme_sample_is_huge_but_finite() -> None:
     theta = torch.tensor([[-200.0, -1.0]])
-    gen = torch.tensor([[-0.0, -1.0]])  # delta = +200 on the first token
-    kl = per_sample_kl(theta, gen, torch.ones(1, 2, dtype=torch.bool))
+    gen = torch.tensor([[-0.0, -1.0]])  # delta = +200 on the first token (log r = -200)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kl = per_sample_kl(theta, gen, mask, estimator="k3_theta")
+    assert math.isfinite(float(kl)) and float(kl) == pytest.approx(math.expm1(LOG_RATIO_BOUND) - LOG_RATIO_BOUND, rel=1e-6)
+    # k3_gen = r - 1 - log r: linear in the clamped log-ratio on this side
+    kl = per_sample_kl(theta, gen, mask, estimator="k3_gen")
+    assert float(kl) == pytest.approx(math.expm1(-LOG_RATIO_BOUND) + LOG_RATIO_BOUND, rel=1e-6)
+    # and the other side: pi_theta far above pi_gen
+    kl = per_sample_kl(gen, theta, mask, estimator="k3_gen")
     assert math.isfinite(float(kl)) and float(kl) == pytest.approx(math.expm1(LOG_RATIO_BOUND) - LOG_RATIO_BOUND, rel=1e-6)
 
 

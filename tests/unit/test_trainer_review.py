@@ -53,7 +53,8 @@ def test_kl_statistics_cover_peer_samples_without_gradient(cache: Path) -> None:
              for s in make_samples(policy, [[1.0, 1.0, 1.0]], peer=True, seed=2)]
     with torch.no_grad():
         theta = token_logprobs(policy.model, [s.prompt_ids for s in peers], [s.completion_ids for s in peers], 1.0, 4)
-    expected = [float(sum(math.expm1(float(g) - float(t)) - (float(g) - float(t))
+    # k3_gen (the default): r - 1 - log r with log r = log pi_theta - log pi_gen, summed over tokens
+    expected = [float(sum(math.expm1(float(t) - float(g)) - (float(t) - float(g))
                           for g, t in zip(s.generator_logprobs, lp, strict=True))) for s, lp in zip(peers, theta)]
     m = Trainer(policy, TrainConfig(learning_rate=1e-3), ObjectiveConfig(variant="f-tis"), 1.0).step(own + peers)
     assert m["peer_samples"] == 3 and m["skipped_samples"] == 3  # no gradient ...
@@ -87,3 +88,18 @@ def test_every_variant_equals_grpo_on_on_policy_data_over_epochs(cache: Path, va
     # Generator and trainer logprobs agree to ~1e-6, so the weights are 1 to ~1e-6; three Adam steps
     # of size ~lr then agree far below lr (a weight read from the current policy would give R^2).
     assert worst < 0.05 * lr, f"{variant} differs from grpo by {worst}"
+
+
+@pytest.mark.parametrize(("rule", "gradient", "dropped"), [("or", 2, 2), ("and", 4, 0)])
+def test_filter_rule_and_lets_close_peers_negative_samples_teach(cache: Path, rule: str, gradient: int,  # noqa: F811
+                                                                  dropped: int) -> None:
+    """A peer group from this very policy (KL ~ 0), rewards [1, 0, 1, 0]: the text's rule (`or`) drops
+    the two negative samples unscored; the authors' (`and`) keeps all four, since none exceeds g."""
+    policy = make_policy(cache)
+    peers = make_samples(policy, [[1.0, 0.0, 1.0, 0.0]], peer=True, seed=3)
+    cfg = ObjectiveConfig(variant="f-tis", filter_rule=rule)
+    m = Trainer(policy, TrainConfig(learning_rate=1e-3), cfg, 1.0).step(peers)
+    assert m["peer_samples"] == 4 and m["peer_samples_gradient"] == gradient
+    assert m["skipped_samples"] == dropped  # no gradient pass (a no-grad one, for the statistics)
+    assert m["filtered"] == dropped and m["filtered_nonpositive_advantage"] == 2 and m["filtered_kl"] == 0
+    assert m["kl_peer_k3_gen_max"] < 1e-4 and m["kl_peer_k3_theta_max"] < 1e-4

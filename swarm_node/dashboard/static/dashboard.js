@@ -12,8 +12,9 @@ const CHARTS = [
   { id: "accuracy", title: "Accuracy", keys: [["accuracy", "train"], ["eval_accuracy", "eval"]], yMin: 0 },
   { id: "filtered", title: "Filtered fraction by reason", yMin: 0,
     keys: [["filtered_fraction_nonpositive_advantage", "advantage ≤ 0"], ["filtered_fraction_kl", "KL > g"]] },
-  { id: "kl", title: "KL(π_θ ‖ π_gen) per sample", keys: [["kl_mean", "mean"], ["kl_p90", "p90"]], yMin: 0 },
-  { id: "isw", title: "Importance weights", keys: [["is_weight_mean", "mean"], ["is_weight_max", "max"]], yMin: 0 },
+  { id: "kl", title: "KL per sample (objective.kl_estimator)", keys: [["kl_mean", "mean"], ["kl_p90", "p90"]], yMin: 0 },
+  { id: "isw", title: "Importance weights", yMin: 0,
+    keys: [["is_weight_mean", "mean"], ["is_weight_peer_mean", "peer mean"], ["is_weight_max", "max"]] },
   { id: "bpt", title: "Bytes per token (published)", keys: [["bytes_per_token", "bytes/token"]], yMin: 0 },
   { id: "rate", title: "Step rate (steps/min)", keys: [["steps_per_min", "steps/min"]], yMin: 0 },
 ];

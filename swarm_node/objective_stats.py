@@ -1,0 +1,127 @@
+"""Statistics of the objective (`objective_loss` returns them): sums and counts that merge exactly
+across micro-batches, and their flat metrics (`swarm_node.metrics` names them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+QUANTILES = (0.5, 0.9, 0.99)
+_PER_SAMPLE = ("kl_values", "kl_k3_gen_values", "kl_k3_theta_values", "kl_is_peer")  # concatenated by merge
+_MAXIMA = ("rho_max", "rho_peer_max")  # merged by max
+
+
+@dataclass
+class ObjectiveStats:
+    """Sums and counts of one or more objective calls; `merge` makes micro-batches add up exactly.
+
+    All fields are float64 tensors on the batch's device (0-d, except the per-sample KL values
+    kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
+    of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
+    these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
+    the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
+    off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C). `is_weight_*`
+    averages every scored token (own ones weigh 1 in the first epoch), `is_weight_peer_*` peers' only.
+
+    Filter counts: `filtered_nonpositive_advantage` and `filtered_kl` count the samples of the filter
+    scope that meet each condition (A <= 0; KL > g), a sample may meet both; `filtered` counts the
+    samples the rule drops (`objective.filter_rule`: either condition under `or`, both under `and`).
+    The per-sample KL is kept for the configured estimator (`kl_*`, `kl_peer_*`) and for both
+    estimators on peers' samples (`kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`), so a run shows both.
+    """
+
+    n_samples: Tensor
+    n_peer_samples: Tensor
+    n_filtered: Tensor
+    n_filtered_nonpositive_advantage: Tensor
+    n_filtered_kl: Tensor
+    n_peer_filtered: Tensor
+    n_peer_gradient: Tensor  # peer samples with A' != 0: not filtered and a nonzero advantage
+    n_tokens: Tensor
+    n_active_tokens: Tensor
+    rho_sum: Tensor
+    rho_max: Tensor
+    n_truncated: Tensor
+    n_peer_tokens: Tensor
+    rho_peer_sum: Tensor
+    rho_peer_max: Tensor
+    n_peer_truncated: Tensor
+    n_clipped: Tensor
+    w_sum: Tensor
+    w_sq_sum: Tensor
+    kl_values: Tensor  # [n_samples] float64, the configured estimator
+    kl_k3_gen_values: Tensor  # [n_samples] float64
+    kl_k3_theta_values: Tensor  # [n_samples] float64
+    kl_is_peer: Tensor  # [n_samples] bool
+
+    @classmethod
+    def empty(cls) -> ObjectiveStats:
+        """The neutral element of `merge`."""
+        z = torch.zeros((), dtype=torch.float64)
+        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
+        values = {name: torch.zeros(0, dtype=torch.float64) for name in _PER_SAMPLE if name != "kl_is_peer"}
+        return cls(**{f.name: z for f in fields(cls) if f.name not in (*_PER_SAMPLE, *_MAXIMA)},
+                   **dict.fromkeys(_MAXIMA, neg_inf), **values, kl_is_peer=torch.zeros(0, dtype=torch.bool))
+
+    def merge(self, other: ObjectiveStats) -> ObjectiveStats:
+        """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
+        `a = a.merge(b)` work."""
+        dev = other.n_samples.device  # follow the newest batch: an empty() on the CPU moves once
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name).to(dev), getattr(other, f.name)
+            if f.name in _MAXIMA:
+                merged = torch.maximum(mine, theirs)
+            elif f.name in _PER_SAMPLE:
+                merged = torch.cat([mine, theirs])
+            else:
+                merged = mine + theirs
+            setattr(self, f.name, merged)
+        return self
+
+    def to_dict(self) -> dict[str, float]:
+        """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""
+        def frac(num: Tensor, den: Tensor) -> float:
+            return float(num / den) if float(den) > 0 else 0.0
+
+        n, tok, peer_tok = self.n_samples, self.n_tokens, self.n_peer_tokens
+        out = {
+            "samples": float(n),
+            "peer_samples": float(self.n_peer_samples),
+            "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
+            "peer_samples_gradient": float(self.n_peer_gradient),
+            "filtered": float(self.n_filtered),
+            "filtered_fraction": frac(self.n_filtered, n),
+            "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
+            "filtered_nonpositive_advantage_fraction": frac(self.n_filtered_nonpositive_advantage, n),
+            "filtered_kl": float(self.n_filtered_kl),
+            "filtered_kl_fraction": frac(self.n_filtered_kl, n),
+            "tokens": float(tok),
+            "active_tokens": float(self.n_active_tokens),
+            "is_weight_mean": frac(self.rho_sum, tok),
+            "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
+            "truncated_fraction": frac(self.n_truncated, tok),
+            "peer_tokens": float(peer_tok),
+            "is_weight_peer_mean": frac(self.rho_peer_sum, peer_tok),
+            "is_weight_peer_max": float(self.rho_peer_max) if float(peer_tok) > 0 else 0.0,
+            "truncated_peer_fraction": frac(self.n_peer_truncated, peer_tok),
+            "clipped_fraction": frac(self.n_clipped, tok),
+            "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
+        }
+        values = self.kl_values.detach().cpu()
+        peer = self.kl_is_peer.cpu()
+        out.update(_distribution("kl", values))
+        out.update(_distribution("kl_peer", values[peer]))
+        out.update(_distribution("kl_peer_k3_gen", self.kl_k3_gen_values.detach().cpu()[peer]))
+        out.update(_distribution("kl_peer_k3_theta", self.kl_k3_theta_values.detach().cpu()[peer]))
+        return out
+
+
+def _distribution(prefix: str, values: Tensor) -> dict[str, float]:
+    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor; zeros when empty."""
+    names = [f"{prefix}_mean"] + [f"{prefix}_p{round(q * 100)}" for q in QUANTILES] + [f"{prefix}_max"]
+    if values.numel() == 0:
+        return dict.fromkeys(names, 0.0)
+    qs = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype)).tolist()
+    return dict(zip(names, [float(values.mean()), *qs, float(values.max())], strict=True))
