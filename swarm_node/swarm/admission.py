@@ -21,8 +21,11 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   steps per window; `wrong_prompt`), at most as often as listed there per (P, w) (once, for sets
   larger than n S; `window_slot_overused`). Nothing else the sender picks (policy version, model,
   sampling) enters the assignment, so grinding it buys nothing; a sender gets at most n S groups
-  per window, on prompts a hash drew. Horizontal collaboration: every node's prompts of window w
-  are `select_prompts("horizontal", w, n)`, each at most S times per sender and window.
+  per window, on prompts a hash drew. A new identity gets a new assignment: identity grinding
+  (about 30 keys, 1.5 s, for a chosen prompt with the defaults) is bounded by fair sampling (a
+  fresh identity gets one group per gather, after peers with a record). Horizontal collaboration:
+  every node's prompts of window w are `select_prompts("horizontal", w, n)`, each at most S times
+  per sender and window.
 * **Replays**: every completion of at least `MIN_FINGERPRINT_TOKENS` tokens is hashed (its token
   bytes); a group at least half of whose hashed completions were already taken from another sender,
   or published by this node, is a replay (`duplicate`), whatever prompt it claims. Shorter

@@ -30,13 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from protocol import codec, keys
-from protocol.messages import (
-    IndexEntry,
-    NodeStatus,
-    ProtocolError,
-    RolloutGroup,
-    RolloutIndex,
-)
+from protocol.messages import IndexEntry, NodeStatus, ProtocolError, RolloutGroup, RolloutIndex
 from protocol.validate import MAX_TEMPERATURE, MIN_TEMPERATURE, ValidationLimits, validate_group
 from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.index import ShardedIndex, ShardRead
