@@ -281,6 +281,7 @@ ATTACKS = [
     ("hedged_answers", None),
     ("sybil_share", None),
     ("flood", None),  # refused in the DHT (checked below); what gets through is dropped as wrong_prompt
+    # (or index_mismatch: its records for the next window list entries stamped in this one)
 ]
 
 
