@@ -99,7 +99,9 @@ class PromptRef(_WireEq):
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SamplingParams(_WireEq):
-    """How the completions were sampled; logprobs are under this (tempered, top-p) distribution."""
+    """How the completions were sampled; logprobs are under this (tempered, top-p) distribution.
+    Receivers take top_p == 1 only and temperatures within their supported range (validate:
+    `unsupported_top_p`, `unsupported_temperature`); a logprob check recomputes at `temperature`."""
 
     temperature: float  # > 0, finite
     top_p: float  # in (0, 1]
@@ -144,7 +146,11 @@ class RolloutGroup(_WireEq):
 
     Invariants (checked by validate): protocol_version supported; 1 <= len(completions) <= limit;
     per-token importance weights are only meaningful when `tokenizer_fingerprint` matches the
-    receiver's. `created_at` is DHT time (float seconds); `policy_version` is the sender's step.
+    receiver's. `created_at` is the DHT time (float seconds) the sender's step started, when it
+    chose its prompts: the window of `created_at` binds `prompt` (the sender's slot k of that window;
+    see swarm_node/swarm/binding.py and docs/architecture.md, "Prompt binding"), and the group is
+    listed in the sender's index of that window. `policy_version` is the sender's step; it is
+    informational and does not enter the prompt assignment.
     """
 
     protocol_version: int = PROTOCOL_VERSION

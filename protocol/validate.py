@@ -35,6 +35,7 @@ LOGPROB_NONFINITE = "logprob_nonfinite"
 LOGPROB_POSITIVE = "logprob_positive"
 LOGPROB_BELOW_FLOOR = "logprob_below_floor"
 UNSUPPORTED_TOP_P = "unsupported_top_p"
+UNSUPPORTED_TEMPERATURE = "unsupported_temperature"
 BAD_FINISH_REASON = "bad_finish_reason"
 BAD_SAMPLING = "bad_sampling"
 BAD_PROMPT_REF = "bad_prompt_ref"
@@ -57,7 +58,7 @@ WRONG_OWNER = "wrong_owner"
 GROUP_REASONS = (
     BAD_VERSION, EMPTY_GROUP, GROUP_TOO_SMALL, GROUP_TOO_LARGE, EMPTY_COMPLETION, TOO_MANY_TOKENS, TOKEN_OUT_OF_VOCAB,
     LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, LOGPROB_BELOW_FLOOR, BAD_FINISH_REASON, BAD_SAMPLING,
-    UNSUPPORTED_TOP_P, BAD_PROMPT_REF, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
+    UNSUPPORTED_TOP_P, UNSUPPORTED_TEMPERATURE, BAD_PROMPT_REF, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
 )
 STATUS_REASONS = (
     BAD_VERSION, BAD_ROLE, BAD_STEP, BAD_TIMESTAMP, TOO_MANY_METRICS, METRIC_KEY_TOO_LONG, METRIC_NONFINITE,
@@ -74,6 +75,17 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 # is also what keeps the receiver's numerics safe: pi_theta/pi_gen stays within reach of the
 # objective's log-ratio clamp (swarm_node.objective.LOG_RATIO_BOUND) instead of overflowing.
 MIN_LOGPROB = -50.0
+
+# The sampling temperatures a receiver supports by default (declared in `SamplingParams`; logprobs
+# are log softmax(logits / temperature) of the sender's model). Every configuration shipped here
+# samples at 1.0 and RL practice stays within 0.6-1.2. Above the range an honest logprob may sit
+# far below what any receiver's policy assigns the token (a flattened distribution), so a group
+# could legitimately put every token's importance weight at its truncation C, the influence a
+# forged low logprob buys; below it a logprob recomputed from the sender's model (a spot-check)
+# carries the backends' logit differences amplified by 1 / temperature, and samples are
+# near-greedy. Configurable per node (`swarm.min_peer_temperature`, `swarm.max_peer_temperature`).
+MIN_TEMPERATURE = 0.25
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,8 @@ class ValidationLimits:
     max_metric_key_len: int = 64
     expected_owner: bytes | None = None
     min_logprob: float = MIN_LOGPROB
+    min_temperature: float = MIN_TEMPERATURE  # declared sampling temperatures outside [min, max]
+    max_temperature: float = MAX_TEMPERATURE  # are `unsupported_temperature`
 
 
 def _add(reasons: list[str], reason: str) -> None:
@@ -123,10 +137,13 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     if not (_finite(s.temperature) and s.temperature > 0 and _finite(s.top_p) and 0 < s.top_p <= 1
             and isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1):
         _add(reasons, BAD_SAMPLING)
-    elif s.top_p != 1.0:
-        # Logprobs are defined as the tempered, untruncated distribution (the quantity the trainer
-        # scores); under top_p < 1 backends disagree on them (vLLM renormalises the nucleus).
-        _add(reasons, UNSUPPORTED_TOP_P)
+    else:
+        if s.top_p != 1.0:
+            # Logprobs are defined as the tempered, untruncated distribution (the quantity the trainer
+            # scores); under top_p < 1 backends disagree on them (vLLM renormalises the nucleus).
+            _add(reasons, UNSUPPORTED_TOP_P)
+        if not limits.min_temperature <= s.temperature <= limits.max_temperature:
+            _add(reasons, UNSUPPORTED_TEMPERATURE)
     n = len(group.completions)
     if n == 0:
         _add(reasons, EMPTY_GROUP)

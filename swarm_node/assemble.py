@@ -121,6 +121,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    tokenizer_fingerprint=policy.fingerprint,
                                    index_peers_per_shard=cfg.swarm.index_peers_per_shard,
                                    index_shards_per_read=cfg.swarm.index_shards_per_read,
+                                   temperature_range=(cfg.swarm.min_peer_temperature, cfg.swarm.max_peer_temperature),
                                    admission=build_admission(cfg, prompt_set))
         peer_id = transport.peer_id
         dht_time = transport.dht_time
@@ -166,7 +167,7 @@ def build_admission(cfg: NodeConfig, prompt_set: Any) -> Any:
     prompts = PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
                                prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
                                salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
-                               window_seconds=s.window_seconds)
+                               window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
     tokens = s.max_peer_tokens_per_step or (
         s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
     return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens)

@@ -257,8 +257,22 @@ class SwarmConfig(_Section):
         None, ge=1, le=256, description="Largest peer group taken (None: generation.group_size, the local G).")
     peer_prompts_per_step: int | None = Field(
         None, ge=1, le=4096,
-        description="A peer group's prompt must be among the first N `select_prompts` assigns to its sender and "
-                    "step (None: train.prompts_per_step; the swarm should agree on it).")
+        description="n of the prompt binding (swarm/binding.py): the prompts a step answers. A peer group's prompt "
+                    "must be among the first n x slots_per_window that `select_prompts` assigns to its sender and the "
+                    "window of its creation time (None: train.prompts_per_step; the swarm should agree on it).")
+    slots_per_window: int = Field(
+        16, ge=1, le=1024,
+        description="Published steps per sender and window (the prompt binding's S, swarm/binding.py): a node's "
+                    "k-th step of a window answers that window's k-th slot of prompts and publishes only if "
+                    "k < S (later steps train unpublished); a peer's groups beyond n x S per window, or on "
+                    "prompts outside them, are refused. The swarm should agree on it: with 30 s windows, 16 "
+                    "covers nodes stepping every 2 s.")
+    min_peer_temperature: float = Field(
+        0.25, gt=0, le=10, description="Peer groups declaring a sampling temperature below this are dropped "
+                                       "(`unsupported_temperature`; protocol/validate.py says why).")
+    max_peer_temperature: float = Field(
+        2.0, gt=0, le=10, description="Peer groups declaring a sampling temperature above this are dropped "
+                                      "(`unsupported_temperature`).")
     max_peer_tokens_per_step: int | None = Field(
         None, ge=1, description="Completion tokens of peer groups taken per step (None: max_peer_groups_per_step "
                                 "x the largest peer G x generation.max_new_tokens).")
@@ -278,6 +292,9 @@ class SwarmConfig(_Section):
         if self.record_ttl_s > self.max_record_ttl_s:
             raise ValueError(f"swarm.record_ttl_s ({self.record_ttl_s}) exceeds swarm.max_record_ttl_s "
                              f"({self.max_record_ttl_s}): peers would refuse this node's records")
+        if self.min_peer_temperature > self.max_peer_temperature:
+            raise ValueError(f"swarm.min_peer_temperature ({self.min_peer_temperature}) exceeds "
+                             f"swarm.max_peer_temperature ({self.max_peer_temperature})")
         return self
 
 
@@ -333,6 +350,11 @@ class NodeConfig(_Section):
         if (lo or self.generation.group_size) > (hi or self.generation.group_size):
             raise ValueError(f"swarm.min_peer_group_size ({lo or self.generation.group_size}) exceeds "
                              f"swarm.max_peer_group_size ({hi or self.generation.group_size})")
+        t, sw = self.generation.temperature, self.swarm
+        if sw.enabled and not sw.min_peer_temperature <= t <= sw.max_peer_temperature:
+            raise ValueError(f"generation.temperature={t} lies outside swarm.min/max_peer_temperature "
+                             f"[{sw.min_peer_temperature}, {sw.max_peer_temperature}]: peers with these settings "
+                             "would drop this node's groups as unsupported_temperature (widen both swarm-wide)")
         if self.objective.variant == "grpo" and self.swarm.enabled and self.swarm.max_peer_fraction > 0:
             # On-policy GRPO treats every sample as its own; with peers that is NoIS. Be explicit.
             raise ValueError("objective.variant='grpo' is the isolated baseline: set swarm.max_peer_fraction=0 "

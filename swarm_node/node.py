@@ -6,6 +6,11 @@ conversion between the two in `rollouts.py`, and every external dependency arriv
 One step: choose prompts -> generate groups -> publish -> gather peers' groups (started in the
 background at the beginning of the step, so the network overlaps generation) -> train on own plus
 peer samples -> push weights to the generator -> status record, metrics -> checkpoint on schedule.
+
+Prompts (`_choose_problems`): a node exchanging with peers follows the protocol's prompt binding
+(`swarm.binding`): its k-th step started in DHT time window w answers slot k of w
+(`tasks.window_prompts`), its groups carry the step's start time as `created_at` and are
+published only for k < `swarm.slots_per_window`; a node training alone takes its prompts by step.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from swarm_node import rollouts
 from swarm_node.config import NodeConfig
 from swarm_node.health import HealthTracker
 from swarm_node.policy.types import Generator
-from swarm_node.tasks import select_prompts
+from swarm_node.tasks import select_prompts, window_prompts
 from swarm_node.tasks.base import PromptSet, RewardFn
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,9 @@ class NodeParts:
     close_hooks: list[Callable[[], None]] = field(default_factory=list)
     rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
     evaluate: Callable[[int], Any] | None = None  # held-out evaluation at a step (heldout_eval.py)
+    # Prompts by window slot (the binding) rather than by step; None: when exchanging with peers.
+    # The lockstep harness sets it for every arm, so isolated and swarm arms share a prompt order.
+    window_prompts: bool | None = None
 
 
 @dataclass
@@ -78,6 +86,8 @@ class Node:
         self.health = HealthTracker(parts.exchange.transport if parts.exchange is not None else None)
         self._last_checkpoint_step = start_step
         self._last_republish = time.monotonic()
+        self._slot_window, self._slot = -1, -1  # the window of the last step and its slot there
+        self._warned_stale = False
         self.history: list[dict[str, float]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -124,20 +134,23 @@ class Node:
 
     def run_step(self) -> dict[str, float]:
         """One step; the gather of peers' groups starts first, so the network overlaps generation."""
-        window = rollouts.window_of(self.parts.dht_time(), self.cfg.swarm.window_seconds)
-        gathering = self.start_gather(window)
-        return self.train_step(self.generate_step(window), gathering)
+        started_at = self.parts.dht_time()  # the groups' created_at: when this step chose its prompts
+        gathering = self.start_gather(rollouts.window_of(started_at, self.cfg.swarm.window_seconds))
+        return self.train_step(self.generate_step(started_at), gathering)
 
-    def generate_step(self, window: int | None = None) -> StepRollout:
+    def generate_step(self, started_at: float | None = None) -> StepRollout:
         """The first half of a step: choose prompts, generate own groups, score and publish them.
 
         `run_step` runs both halves; lockstep horizontal runs this half on every node of an arm
         before any node gathers (`experiment.lockstep`), so peers' parts of a shared group arrive."""
         cfg, parts = self.cfg, self.parts
         t0 = time.perf_counter()
-        if window is None:
-            window = rollouts.window_of(parts.dht_time(), cfg.swarm.window_seconds)
-        problems = self._choose_problems(window)
+        if started_at is None:
+            started_at = parts.dht_time()  # the groups' created_at: when this step chose its prompts
+        window = rollouts.window_of(started_at, cfg.swarm.window_seconds)
+        self._slot = self._slot + 1 if window == self._slot_window else 0
+        self._slot_window = window
+        problems = self._choose_problems(window, self._slot)
         prompt_ids = rollouts.render_prompts(parts, problems)
         t_gen = time.perf_counter()
         completions = parts.generator.generate(prompt_ids, cfg.generation.group_size)
@@ -146,8 +159,9 @@ class Node:
         bytes_per_token = 0.0
         t_pub = time.perf_counter()
         if parts.exchange is not None:
-            groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step)
-            bytes_per_token = parts.exchange.publish_groups(groups, window)
+            if self._publishable(window):
+                groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step, started_at)
+                bytes_per_token = parts.exchange.publish_groups(groups, window)
             self._republish_if_due(window)
         return StepRollout(window, problems, own, t0, gen_seconds, time.perf_counter() - t_pub, bytes_per_token)
 
@@ -206,15 +220,36 @@ class Node:
             self.parts.exchange.republish(window, self.cfg.swarm.staleness_steps)
             self._last_republish = time.monotonic()
 
-    def _choose_problems(self, window: int) -> list:
+    def _choose_problems(self, window: int, slot: int) -> list:
         cfg, ps = self.cfg, self.parts.prompt_set
         n = min(cfg.train.prompts_per_step, len(ps))
+        by_window = self.parts.window_prompts
+        if by_window is None:
+            by_window = self.parts.exchange is not None
         if cfg.swarm.collaboration == "horizontal":
             # Every node answers the same prompts in a window; groups are unions across nodes.
             indices = select_prompts("horizontal", window, n, len(ps), salt=cfg.swarm.swarm_id)
+        elif by_window:
+            indices = window_prompts(self.parts.peer_id, window, slot, n, len(ps), salt=cfg.swarm.swarm_id)
         else:
             indices = select_prompts(self.parts.peer_id, self.step, n, len(ps), salt=cfg.swarm.swarm_id)
         return [ps.problems[i] for i in indices]
+
+    def _publishable(self, window: int) -> bool:
+        """Whether this step's groups go out: a slot peers accept (< swarm.slots_per_window), and not
+        already older than peers read (a step that outlasted the staleness bound, or a pause)."""
+        sw = self.cfg.swarm
+        if self._slot >= sw.slots_per_window:
+            return False
+        age = rollouts.window_of(self.parts.dht_time(), sw.window_seconds) - window
+        if age > sw.staleness_steps:
+            if not self._warned_stale:
+                log.warning("this step took %d windows (swarm.window_seconds=%g): peers drop groups older than "
+                            "swarm.staleness_steps=%d windows, so they are not published (raise both swarm-wide "
+                            "for slower steps)", age, sw.window_seconds, sw.staleness_steps)
+                self._warned_stale = True
+            return False
+        return True
 
     def start_gather(self, window: int) -> Future | None:
         """Fetch peers' groups of `window` (and the staleness windows before it) in the background."""

@@ -119,18 +119,18 @@ def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Se
 
 
 def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
-                   own: OwnBatch, step: int) -> list[RolloutGroup]:
-    """The wire form of this step's own groups (claimed rewards are informational for peers)."""
+                   own: OwnBatch, step: int, created_at: float) -> list[RolloutGroup]:
+    """The wire form of this step's own groups (claimed rewards are informational for peers).
+    `created_at`: the DHT time the step started, whose window binds its prompts (swarm/binding.py)."""
     cfg, policy = parts.config, parts.policy
     sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                               max_new_tokens=cfg.generation.max_new_tokens)
-    now = parts.dht_time()
     groups = []
     for problem, group, rewards in zip(problems, completions, own.rewards, strict=True):
         groups.append(RolloutGroup(
             swarm_id=cfg.swarm.swarm_id, sender=parts.peer_id, model_id=policy.model_id,
             model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint,
-            policy_version=step, created_at=now,
+            policy_version=step, created_at=created_at,
             prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
             sampling=sampling,
             completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs,

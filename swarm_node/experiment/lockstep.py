@@ -108,8 +108,9 @@ def build_nodes(configs: list[tuple[str, Any]], peer_lag: int) -> tuple[list[Loc
             raise ValueError(f"{cfg.node_dir} holds checkpoints: a lockstep run starts from a clean directory")
         transport = LaggedTransport(swarm, name, delivery, clock) if cfg.swarm.enabled else None
         parts, _ = build_parts(cfg, transport=transport)
-        parts.peer_id = name  # the same prompt sequence whether the node trains alone or in the swarm
+        parts.peer_id = name  # the same prompt sequence whether the node trains alone or in the swarm:
         parts.dht_time = clock
+        parts.window_prompts = True  # slot 0 of round r's window, the swarm's prompt binding, in every arm
         parts.save_checkpoint = None  # the grid keeps evaluations, not weights
         nodes.append(LockstepNode(name, Node(parts), parts))
     return nodes, clock, delivery

@@ -21,6 +21,14 @@
      statistics cover every peer sample;
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
+Temperature: every sample, own or peer, is scored at this node's own sampling temperature. That is
+the policy the node trains (its own samples come from it), so it is the importance weight's target;
+a peer's logprobs are under the peer's declared temperature, the distribution its tokens were drawn
+from (the weight's behaviour side). Scoring a peer sample at the peer's temperature instead would
+train another policy on it and the weight would no longer correct for the sampling mismatch. The
+declared temperature is what a check of the sender's logprobs against its own model must use; a
+receiver refuses temperatures outside its supported range (`protocol.validate`).
+
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
 optimizer step but the step still counts.
 

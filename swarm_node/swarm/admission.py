@@ -13,9 +13,19 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
 * **Declared G** (`check_group`): a sender's group size is fixed by its first accepted group (the
   bounds, the local G unless configured, are `protocol.validate`'s `min/max_group_size`);
   a group of another size is dropped (`group_size_changed`).
-* **Assigned prompts**: a group's prompt must be one `select_prompts` assigns to its sender and
-  policy version (horizontal collaboration: to the window of its creation time), among the first
-  `prompts_per_step` (`wrong_prompt`); cherry-picked easy prompts are refused.
+* **Prompt binding** (`binding.py`, the protocol rule in full there): a group's prompts are tied
+  to the DHT time window w of its `created_at` (the time its sender's step started), which this
+  node accepts only within its own window C: C - staleness_steps <= w <= C. Sender P's k-th step of
+  window w answers entries [k n, (k + 1) n) of `select_prompts(P, w, ...)`; a group is admitted
+  only on a prompt among the first n S of them (n prompts a step, S = `slots_per_window` published
+  steps per window; `wrong_prompt`), at most as often as listed there per (P, w) (once, for sets
+  larger than n S; `window_slot_overused`). Nothing else the sender picks (policy version, model,
+  sampling) enters the assignment, so grinding it buys nothing; a sender gets at most n S groups
+  per window, on prompts a hash drew. A new identity gets a new assignment: identity grinding
+  (about 30 keys, 1.5 s, for a chosen prompt with the defaults) is bounded by fair sampling (a
+  fresh identity gets one group per gather, after peers with a record). Horizontal collaboration:
+  every node's prompts of window w are `select_prompts("horizontal", w, n)`, each at most S times
+  per sender and window.
 * **Replays**: every completion of at least `MIN_FINGERPRINT_TOKENS` tokens is hashed (its token
   bytes); a group at least half of whose hashed completions were already taken from another sender,
   or published by this node, is a replay (`duplicate`), whatever prompt it claims. Shorter
@@ -34,18 +44,17 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Protocol, TypeVar
 
-from protocol import keys
-from protocol.messages import ProtocolError, RolloutGroup
-from swarm_node.tasks.prompts import select_prompts
+from protocol.messages import RolloutGroup
+from swarm_node.swarm.binding import SLOT_OVERUSED, WRONG_PROMPT, PromptAssignment, WindowQuota
+
+__all__ = ["SLOT_OVERUSED", "WRONG_PROMPT", "Admission", "PromptAssignment", "Reputation", "fair_sample"]
 
 log = logging.getLogger(__name__)
 
 NOT_ALLOWED = "not_allowed"
 EXCLUDED = "excluded_peer"
-WRONG_PROMPT = "wrong_prompt"
 GROUP_SIZE_CHANGED = "group_size_changed"
 DUPLICATE = "duplicate"
 OVER_TOKEN_BUDGET = "over_token_budget"
@@ -140,42 +149,6 @@ def completion_digests(group: RolloutGroup) -> list[bytes]:
             for c in group.completions if len(c.token_ids) >= MIN_FINGERPRINT_TOKENS]
 
 
-@dataclass(frozen=True)
-class PromptAssignment:
-    """Which prompt indices `select_prompts` assigns: the first `prompts_per_step` of a sender's step
-    (vertical) or of a window (horizontal), over a prompt set of `set_size`, salted like the node."""
-
-    prompt_set_id: str
-    set_size: int
-    prompts_per_step: int
-    salt: str
-    horizontal: bool = False
-    window_seconds: float = 30.0
-
-    def assigned(self, sender: str, index: int, policy_version: int, created_at: float) -> bool:
-        """Whether prompt `index` is one `sender` was assigned at `policy_version` (or at `created_at`)."""
-        if self.horizontal:
-            try:
-                window = keys.window_of(created_at, self.window_seconds)
-            except ProtocolError:
-                return False
-            # the prompts of the window the step started in; the group may be stamped in the next one
-            return any(index in _assigned("horizontal", w, self.n, self.set_size, self.salt)
-                       for w in (window, window - 1) if w >= 0)
-        if not isinstance(policy_version, int) or policy_version < 0:
-            return False
-        return index in _assigned(sender, policy_version, self.n, self.set_size, self.salt)
-
-    @property
-    def n(self) -> int:
-        return min(self.prompts_per_step, self.set_size)
-
-
-@lru_cache(maxsize=4096)
-def _assigned(who: str, step: int, n: int, set_size: int, salt: str) -> frozenset[int]:
-    return frozenset(select_prompts(who, step, n, set_size, salt=salt))
-
-
 class Admission:
     """The admission rules of one node (see the module doc); state is bounded by the windows read.
 
@@ -187,6 +160,7 @@ class Admission:
                  max_tokens_per_gather: int | None = None, reputation: Reputation | None = None) -> None:
         self.allowed_peers = frozenset(allowed_peers) if allowed_peers is not None else None
         self.prompts = prompts
+        self.binding = WindowQuota(prompts) if prompts is not None else None
         self.max_tokens_per_gather = max_tokens_per_gather
         self.reputation = reputation or Reputation()
         self._declared_g: dict[str, tuple[int, int]] = {}  # sender -> (G, window last seen)
@@ -197,6 +171,8 @@ class Admission:
 
     def begin_gather(self) -> None:
         self.reputation.tick()
+        if self.binding is not None:
+            self.binding.begin_gather()
         self._tokens_left = math.inf if self.max_tokens_per_gather is None else self.max_tokens_per_gather
 
     def peer_reason(self, owner: str) -> str | None:
@@ -207,11 +183,11 @@ class Admission:
             return EXCLUDED
         return None
 
-    def entry_reason(self, owner: str, prompt_index: int, policy_version: int, created_at: float) -> str | None:
-        """Why an index entry is not worth fetching (its prompt is not one assigned to its owner)."""
-        if self.prompts is not None and not self.prompts.assigned(owner, prompt_index, policy_version, created_at):
-            return WRONG_PROMPT
-        return None
+    def entry_reason(self, owner: str, prompt_index: int, created_at: float) -> str | None:
+        """Why an index entry is not worth fetching: its prompt is not assigned to its owner in the
+        window of `created_at`, or the owner's quota there is used (binding.py). Call once per entry
+        and gather: an entry that passes holds a place of that quota until the next gather."""
+        return self.binding.entry_reason(owner, prompt_index, created_at) if self.binding is not None else None
 
     def sample(self, candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random) -> list[C]:
         return fair_sample(candidates, max_groups, max_per_peer, rng, self.reputation.weight)
@@ -224,10 +200,11 @@ class Admission:
 
     def group_reason(self, group: RolloutGroup, window: int) -> str | None:
         """Why a structurally valid group is refused (None: admit it and charge its tokens)."""
-        if self.prompts is not None and group.prompt.prompt_set_id == self.prompts.prompt_set_id \
-                and not self.prompts.assigned(group.sender, group.prompt.index, group.policy_version,
-                                              group.created_at):
-            return WRONG_PROMPT
+        bound = self.binding is not None and group.prompt.prompt_set_id == self.binding.assignment.prompt_set_id
+        if bound:
+            refused = self.binding.group_reason(group)
+            if refused is not None:
+                return refused
         declared = self._declared_g.get(group.sender)
         if declared is not None and declared[0] != len(group.completions):
             return GROUP_SIZE_CHANGED
@@ -238,6 +215,8 @@ class Admission:
         if group.num_tokens > self._tokens_left:
             return OVER_TOKEN_BUDGET
         self._tokens_left -= group.num_tokens
+        if bound:
+            self.binding.take(group)
         self._declared_g[group.sender] = (len(group.completions), window)
         for d in digests:
             self._completions.setdefault(d, (group.sender, window))
@@ -254,6 +233,8 @@ class Admission:
         for table in (self._completions, self._declared_g):
             for k in [k for k, (_, w) in table.items() if w < oldest_window - 8]:
                 del table[k]
+        if self.binding is not None:
+            self.binding.forget_before(oldest_window - 8)
 
 
 class DegradedExchangeLog:

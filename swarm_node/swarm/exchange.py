@@ -30,14 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from protocol import codec, keys
-from protocol.messages import (
-    IndexEntry,
-    NodeStatus,
-    ProtocolError,
-    RolloutGroup,
-    RolloutIndex,
-)
-from protocol.validate import ValidationLimits, validate_group
+from protocol.messages import IndexEntry, NodeStatus, ProtocolError, RolloutGroup, RolloutIndex
+from protocol.validate import MAX_TEMPERATURE, MIN_TEMPERATURE, ValidationLimits, validate_group
 from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.index import ShardedIndex, ShardRead
 from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of this module's drop vocabulary)
@@ -77,7 +71,8 @@ class RolloutExchange:
 
     `vocab_size` and `max_new_tokens` bound what is accepted (token ids and completion length);
     `record_ttl_s` is how long records live; `max_group_bytes` caps one encoded group.
-    `index_peers_per_shard` and `index_shards_per_read` shape the sharded index (`index.py`).
+    `index_peers_per_shard` and `index_shards_per_read` shape the sharded index (`index.py`);
+    groups declaring a sampling temperature outside `temperature_range` are `unsupported_temperature`.
     """
 
     def __init__(
@@ -98,6 +93,7 @@ class RolloutExchange:
         admission: Admission | None = None,
         index_peers_per_shard: int = 16,
         index_shards_per_read: int = 1,
+        temperature_range: tuple[float, float] = (MIN_TEMPERATURE, MAX_TEMPERATURE),
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
@@ -111,6 +107,7 @@ class RolloutExchange:
             vocab_size=vocab_size, max_tokens_per_completion=max_new_tokens, max_group_size=max_group_size,
             min_group_size=min_group_size, expected_swarm_id=swarm_id,
             expected_tokenizer_fingerprint=tokenizer_fingerprint,
+            min_temperature=temperature_range[0], max_temperature=temperature_range[1],
         )
         self._degraded = DegradedExchangeLog()
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
@@ -228,6 +225,7 @@ class RolloutExchange:
         found = self.transport.get_all_many([r.key for r in plan],
                                             timeout=max(0.0, (deadline - time.monotonic()) / 2))
         candidates: dict[tuple[str, tuple[str, ...]], _Candidate] = {}
+        evaluated: set[tuple[str, tuple[str, ...]]] = set()  # entries checked in this gather
         owners: dict[ShardRead, int] = {}
         for read in plan:
             records = found.get(read.key, {})
@@ -239,14 +237,13 @@ class RolloutExchange:
                 if refused is not None:
                     drops.add(refused)
                     continue
-                for c in self._index_candidates(owner, read, item.value, current, staleness, drops):
-                    # an owner that changed level within a window is listed in two shards: once is enough
-                    candidates.setdefault((owner, tuple(c.entry.chunk_digests)), c)
+                for c in self._index_candidates(owner, read, item.value, current, staleness, drops, evaluated):
+                    candidates[(owner, tuple(c.entry.chunk_digests))] = c
         self.index.observe(owners)
         return list(candidates.values())
 
     def _index_candidates(self, owner: str, read: ShardRead, data: bytes, current: int, staleness: int,
-                          drops: DropCounter) -> list[_Candidate]:
+                          drops: DropCounter, evaluated: set[tuple[str, tuple[str, ...]]]) -> list[_Candidate]:
         window = read.window
         record_id = (owner, codec.content_digest(data))
         if not self.index.belongs(owner, read):  # written into a shard its owner is not in
@@ -281,8 +278,11 @@ class RolloutExchange:
             if digests in listed:
                 self._drop(drops, DUPLICATE, owner)  # the same payload listed twice
                 continue
+            if (owner, digests) in evaluated:
+                continue  # an owner that changed level within a window is listed in two shards
             listed.add(digests)
-            reason = self._entry_reason(owner, entry, current, staleness)
+            evaluated.add((owner, digests))
+            reason = self._entry_reason(owner, entry, window, current, staleness)
             if reason is not None:
                 self._drop(drops, reason, owner)
                 self._seen_digests[digests] = window
@@ -290,7 +290,7 @@ class RolloutExchange:
             out.append(_Candidate(owner, window, entry))
         return out
 
-    def _entry_reason(self, owner: str, entry: IndexEntry, current: int, staleness: int) -> str | None:
+    def _entry_reason(self, owner: str, entry: IndexEntry, window: int, current: int, staleness: int) -> str | None:
         if not entry.chunk_digests or any(not is_digest(d) for d in entry.chunk_digests):
             return INDEX_MISMATCH
         if entry.size > self.max_group_bytes:
@@ -299,9 +299,13 @@ class RolloutExchange:
             return INDEX_MISMATCH
         if (owner, entry.prompt_index, entry.policy_version) in self._seen_groups:
             return DUPLICATE
-        refused = (self.admission.entry_reason(owner, entry.prompt_index, entry.policy_version, entry.created_at)
-                   if self.admission is not None else None)
-        return refused or self._age_reason(entry.created_at, current, staleness)
+        age = self._age_reason(entry.created_at, current, staleness)
+        if age is not None:
+            return age
+        if keys.window_of(entry.created_at, self.window_seconds) != window:
+            return INDEX_MISMATCH  # a group is listed in the index of its own window (binding.py)
+        return self.admission.entry_reason(owner, entry.prompt_index, entry.created_at) \
+            if self.admission is not None else None
 
     def _age_reason(self, created_at: float, current: int, staleness: int) -> str | None:
         try:
@@ -367,13 +371,14 @@ class RolloutExchange:
         reasons = validate_group(group, self.limits)
         if reasons:
             return reasons[0], None
-        if (group.prompt.index, group.policy_version) != (c.entry.prompt_index, c.entry.policy_version):
-            return INDEX_MISMATCH, None
-        if (group.sender, group.prompt.index, group.policy_version) in self._seen_groups:
-            return DUPLICATE, None
         age = self._age_reason(group.created_at, current, staleness)
         if age is not None:
             return age, None
+        claimed = (c.entry.prompt_index, c.entry.policy_version, c.entry.created_at)
+        if (group.prompt.index, group.policy_version, group.created_at) != claimed:
+            return INDEX_MISMATCH, None
+        if (group.sender, group.prompt.index, group.policy_version) in self._seen_groups:
+            return DUPLICATE, None
         if self.group_filter is not None:
             extra = self.group_filter(group)
             if extra is not None:

@@ -18,6 +18,7 @@ _EXPORTS = {
     "DEFAULT_INSTRUCTION": "prompts",
     "render_prompt": "prompts",
     "select_prompts": "prompts",
+    "window_prompts": "prompts",
     "load_prompt_set": "registry",
     "make_reward_fn": "registry",
     "CorrectnessReward": "rewards",
@@ -36,11 +37,12 @@ __all__ = [
     "make_reward_fn",
     "render_prompt",
     "select_prompts",
+    "window_prompts",
 ]
 
 if TYPE_CHECKING:
     from swarm_node.tasks.base import AnswerKind, Problem, PromptSet, RewardFn
-    from swarm_node.tasks.prompts import DEFAULT_INSTRUCTION, render_prompt, select_prompts
+    from swarm_node.tasks.prompts import DEFAULT_INSTRUCTION, render_prompt, select_prompts, window_prompts
     from swarm_node.tasks.registry import load_prompt_set, make_reward_fn
     from swarm_node.tasks.rewards import CorrectnessReward, Score
 

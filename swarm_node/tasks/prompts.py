@@ -1,8 +1,10 @@
 """Turning a problem into prompt tokens, and choosing which problems a peer works on at a step.
 
-`select_prompts` is a pure function of (salt, peer id, step) built on sha256, so every node can
-recompute any peer's choice (a peer cannot cherry-pick easy prompts) and the result is the same on
-every platform and Python version; different peers get (almost surely) different prompts.
+`select_prompts` is a pure function of (salt, peer id, counter) built on sha256, so every node can
+recompute any peer's choice and the result is the same on every platform and Python version;
+different peers get (almost surely) different prompts. A node in a swarm takes its prompts with
+`window_prompts` (the counter is the DHT time window its step starts in, never a number the peer
+picks: see `swarm_node.swarm.binding`); a node training alone counts its steps.
 """
 
 from __future__ import annotations
@@ -95,3 +97,16 @@ def select_prompts(peer_id: str, step: int, n: int, set_size: int, salt: str = "
         out.extend(_partial_shuffle(_HashStream(hashlib.sha256(key).digest()), take, set_size))
         round_no += 1
     return out
+
+
+def window_prompts(peer_id: str, window: int, slot: int, n: int, set_size: int, salt: str = "") -> list[int]:
+    """The `n` prompts of the `slot`-th step (0, 1, ...) that peer `peer_id` starts in DHT time
+    window `window`: entries [slot * n, (slot + 1) * n) of `select_prompts(peer_id, window, ...)`.
+
+    The protocol's prompt binding (`swarm_node.swarm.binding`): a receiver accepts a peer's group
+    in window w only on a prompt among the first `n * slots_per_window` of that sequence, which no
+    field the peer chooses can change. `select_prompts` is prefix-consistent (a longer request
+    extends a shorter one), so slot k's prompts never change with how many slots follow."""
+    if slot < 0:
+        raise ValueError(f"slot must be >= 0, got {slot}")
+    return select_prompts(peer_id, window, n * (slot + 1), set_size, salt=salt)[n * slot:]

@@ -4,12 +4,14 @@ It runs its own hivemind DHT (a plain `hivemind.DHT`), makes its own RSA identit
 messages with the public wire format (`protocol`) and stores records by sending hivemind store RPCs
 to the other peers itself, signed per identity; it never imports the node's code (the one rule it
 borrows is the public prompt-assignment function, `select_prompts`, which DESIGN.md section 2 makes
-part of the protocol). Run as `python -m tests.integration.redteam_attacker --initial-peer ...`;
+part of the protocol; the prompt binding of docs/architecture.md says which of its prompts a window
+assigns). Run as `python -m tests.integration.redteam_attacker --initial-peer ...`;
 it reads one JSON command per line on stdin and answers one JSON line on stdout.
 
 Commands: {"op": "attack", "name": ..., "ctx": {...}} where ctx carries what any peer can learn
-(swarm id, window length, prompt set id, problems' sha256 and answers, the tokenizer fingerprint,
-vocabulary size, G, max tokens, and token ids of texts under that tokenizer); {"op": "quit"}.
+(swarm id, window length, staleness, prompts a step and slots a window, prompt set id, problems'
+sha256 and answers, the tokenizer fingerprint, vocabulary size, G, max tokens, and token ids of texts
+under that tokenizer); {"op": "quit"}.
 """
 
 from __future__ import annotations
@@ -167,13 +169,22 @@ class Attacker:
     # ---- groups ----------------------------------------------------------------------------
 
     @staticmethod
+    def assigned(ident: Identity, ctx: dict, window: int) -> list[int]:
+        """The prompts the binding assigns `ident` in `window`: the first n x S of select_prompts."""
+        return select_prompts(ident.peer_id, window, ctx["prompts_per_step"] * ctx["slots_per_window"],
+                              ctx["set_size"], salt=ctx["swarm"])
+
+    @staticmethod
     def group(ident: Identity, ctx: dict, version: int, *, index: int | None = None, g: int | None = None,
               tokens: list[list[int]] | None = None, logprob: float = -1.0, n_tokens: int | None = None,
-              seed: int = 0) -> RolloutGroup:
-        """A well-formed group of `ident` at `version`, on its assigned prompt unless `index` is given."""
+              seed: int = 0, created_at: float | None = None) -> RolloutGroup:
+        """A well-formed group of `ident` at `version`, made at `created_at` (default: the attack's
+        time), on a prompt the window assigns it (one per version) unless `index` is given."""
         size = ctx["set_size"]
+        created_at = ctx["now"] if created_at is None else created_at
         if index is None:
-            index = select_prompts(ident.peer_id, version, ctx["prompts_per_step"], size, salt=ctx["swarm"])[0]
+            mine = Attacker.assigned(ident, ctx, keys.window_of(created_at, ctx["window_seconds"]))
+            index = mine[version % len(mine)]
         g = ctx["group_size"] if g is None else g
         rng = np.random.default_rng(seed)
         n_tokens = n_tokens or ctx["max_new_tokens"]
@@ -183,7 +194,7 @@ class Attacker:
                                  finish_reason="stop", claimed_reward=1.0) for t in tokens)
         return RolloutGroup(
             swarm_id=ctx["swarm"], sender=ident.peer_id, model_id="tiny", model_revision="",
-            tokenizer_fingerprint=ctx["fingerprint"], policy_version=version, created_at=get_dht_time(),
+            tokenizer_fingerprint=ctx["fingerprint"], policy_version=version, created_at=created_at,
             prompt=PromptRef(prompt_set_id=ctx["prompt_set_id"], index=index, sha256=ctx["shas"][index]),
             sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=ctx["max_new_tokens"]),
             completions=comps)
@@ -191,7 +202,8 @@ class Attacker:
     # ---- attacks ---------------------------------------------------------------------------
 
     def attack(self, name: str, ctx: dict) -> dict:
-        window = keys.window_of(get_dht_time(), ctx["window_seconds"])
+        ctx = {**ctx, "now": get_dht_time()}  # one time for the attack: its groups' created_at and window
+        window = keys.window_of(ctx["now"], ctx["window_seconds"])
         versions = range(1000, 1000 + ctx.get("groups_per_identity", 4))
         out: dict[str, Any] = {"identities": []}
 
@@ -218,10 +230,12 @@ class Attacker:
             easy = ctx["easy_index"]
 
             def cherry(i: Identity, v: int) -> RolloutGroup:
-                assigned = select_prompts(i.peer_id, v, ctx["prompts_per_step"], ctx["set_size"], salt=ctx["swarm"])
-                return self.group(i, ctx, v, index=easy if easy not in assigned else (easy + 1) % ctx["set_size"],
+                mine = self.assigned(i, ctx, window)
+                return self.group(i, ctx, v, index=next(k for k in range(easy, easy + len(mine) + 1) if k not in mine),
                                   seed=v)
             run_with(2, cherry)
+        elif name == "version_grinding":
+            out.update(self.grind_versions(ctx, window, out["identities"]))
         elif name == "hedged_answers":
             def hedged(i: Identity, v: int) -> RolloutGroup:
                 g = self.group(i, ctx, v, seed=v)
@@ -241,7 +255,7 @@ class Attacker:
             for k, g in enumerate(honest[:8]):  # the honest completions, on prompts assigned to us
                 mine = self.group(ident, ctx, 1000 + k)
                 replays.append(dataclasses.replace(g, sender=ident.peer_id, policy_version=1000 + k,
-                                                   created_at=get_dht_time(), prompt=mine.prompt))
+                                                   created_at=ctx["now"], prompt=mine.prompt))
             out["index_accepted"] = int(bool(replays)) and int(self.publish(ident, ctx, replays, window)["index_accepted"] > 0)
         elif name == "sybil_share":
             run_with(15, lambda i, v: self.group(i, ctx, v, seed=v))
@@ -250,6 +264,33 @@ class Attacker:
         else:
             raise ValueError(f"unknown attack {name}")
         return out
+
+    def grind_versions(self, ctx: dict, window: int, identities: list[str]) -> dict:
+        """Issue 21's attack: grind `policy_version` until `select_prompts(sender, version)`, the rule
+        before the binding, assigns an easy prompt, and publish groups on it at those versions, in
+        every window peers read (created_at in each), for identities whose window assignments in
+        that band do not hold the prompt (where one does, the prompt is simply theirs)."""
+        n, size, ws = ctx["prompts_per_step"], ctx["set_size"], ctx["window_seconds"]
+        band = range(window - ctx["staleness_windows"], window + 1)
+        tries, published, accepted = 0, 0, 0
+        for _ in range(2):
+            ident = Identity()
+            identities.append(ident.peer_id)
+            legit = {i for w in band for i in self.assigned(ident, ctx, w)}
+            target = next(i for i in ctx["easy_indices"] if i not in legit)
+            versions, v = [], 1000
+            while len(versions) < ctx["groups_per_identity"]:
+                tries += 1
+                if target in select_prompts(ident.peer_id, v, n, size, salt=ctx["swarm"]):
+                    versions.append(v)
+                v += 1
+            for w in band:  # the same ground versions stamped in each window of the tolerance
+                created = ctx["now"] - (window - w) * ws
+                groups = [self.group(ident, ctx, v, index=target, seed=v + 7919 * w, created_at=created)
+                          for v in versions]
+                accepted += self.publish(ident, ctx, groups, w)["index_accepted"] > 0
+                published += len(groups)
+        return {"grind_tries": tries, "ground_groups": published, "index_accepted": accepted}
 
     def flood(self, ctx: dict, window: int) -> dict:
         """64 identities x ~64 KiB records into the live index keys, plus far-future and foreign-key writes."""

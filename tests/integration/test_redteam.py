@@ -1,6 +1,6 @@
 """Red team: a hostile peer process (redteam_attacker.py, written against the wire and the DHT) attacks
 a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F-TIS (DESIGN.md
-section 8, the attacks of issue 11).
+section 8, the attacks of issue 11, and issue 21's version grinding against the prompt binding).
 
 For each attack, in the same swarm: two rounds of honest steps without the attack (the baseline),
 the attack, two rounds under attack. Asserted for both honest nodes: no crash, every metric
@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,8 @@ def node_config(tmp: Path, name: str, variant: str, peers: list[str], seed: int 
         f'objective.variant="{variant}"', f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
         f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.75", "swarm.max_peer_groups_per_step=4",
         "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
-        "swarm.staleness_steps=2", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
-        "task.size=50", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false",
+        "swarm.staleness_steps=2", "swarm.slots_per_window=64", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
+        "task.size=2000", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false",
         # Verification budgets sized to this tiny model's ~1 s step, as an operator sizes them to theirs.
         "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25"])
 
@@ -95,13 +96,18 @@ class Attacker:
 
 
 class Honest:
-    """An honest node with what the suite observes: per-step metrics, step errors, samples used."""
+    """An honest node with what the suite observes: per-step metrics, step errors, samples used, and
+    every admission verdict by owner (`verdicts`: (owner, None) taken, (owner, reason) dropped)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.samples: list = []
         original = node.parts.trainer.step
         node.parts.trainer.step = lambda samples: (self.samples.append(list(samples)), original(samples))[1]
+        self.verdicts: list[tuple[str, str | None]] = []
+        admission = node.parts.exchange.admission
+        record = admission.record
+        admission.record = lambda owner, reason: (self.verdicts.append((owner, reason)), record(owner, reason))[1]
 
     @property
     def peer_id(self) -> str:
@@ -133,8 +139,10 @@ def _context(node: Node, honest_peers: list[str]) -> dict:
         hedged[str(p.index)] = [_text_tokens(tok, t) for t in (
             f"\\boxed{{{g} \\text{{(or {w})}}}}", f"\\boxed{{{w}}} \\boxed{{{g}}}", f"\\boxed{{{w} = {g}}}", f"{g}")]
     bombs = [_text_tokens(tok, t) for t in ("\\boxed{99!!}", "\\boxed{9^{9^9}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{99!!!}")]
+    easy = sorted(range(len(ps)), key=lambda i: (len(ps.problems[i].answer), ps.problems[i].answer))
     return {"swarm": SWARM, "window_seconds": node.cfg.swarm.window_seconds, "prompt_set_id": ps.id,
-            "set_size": len(ps), "shas": [p.sha256 for p in ps.problems], "prompts_per_step": PROMPTS,
+            "staleness_windows": node.cfg.swarm.staleness_steps, "slots_per_window": node.cfg.swarm.slots_per_window,
+            "easy_indices": easy, "set_size": len(ps), "shas": [p.sha256 for p in ps.problems], "prompts_per_step": PROMPTS,
             "group_size": G, "max_new_tokens": MAX_TOKENS, "vocab": len(tok), "fingerprint": node.parts.policy.fingerprint,
             "texts": {"bombs": bombs, "hedged": hedged}, "honest_peers": honest_peers, "easy_index": 0,
             "groups_per_identity": 4}
@@ -232,12 +240,15 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def run_attack(redteam, name: str) -> dict:
+def run_attack(redteam, name: str, raw: dict | None = None) -> dict:
+    """The attack's summary; `raw` (optional) receives the attacker's answer, identities included."""
     nodes, attacker, ctx, boot = redteam
     before = _rounds(nodes, BASELINE_ROUNDS)
     drops0, refused0 = _drops(nodes), _dht_refusals(nodes, boot)
     attack = attacker.attack(name, ctx)
     assert "error" not in attack, attack
+    if raw is not None:
+        raw.update(attack)
     during = _rounds(nodes, ATTACK_ROUNDS)
     summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack)
     summary["dht_refused"] = _delta(_dht_refusals(nodes, boot), refused0)
@@ -258,7 +269,8 @@ def check_bounded(s: dict, reason: str | None) -> None:
     assert s["honest_used_share"] >= 0.5, s
 
 
-# Each attack of issue 11: (name, the drop reason it must be counted under).
+# Each attack of issue 11: (name, the drop reason it must be counted under). Issue 21's version
+# grinding has its own test below.
 ATTACKS = [
     ("cherry_picked_prompts", "wrong_prompt"),
     ("tiny_groups", "group_too_small"),
@@ -269,6 +281,7 @@ ATTACKS = [
     ("hedged_answers", None),
     ("sybil_share", None),
     ("flood", None),  # refused in the DHT (checked below); what gets through is dropped as wrong_prompt
+    # (or index_mismatch: its records for the next window list entries stamped in this one)
 ]
 
 
@@ -292,3 +305,51 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
         nodes = redteam[0]
         statuses = nodes[0].node.parts.exchange.read_statuses(timeout=5)
         assert all(st.step < 999999 for st in statuses)
+
+
+BINDING_REASONS = ("wrong_prompt", "window_slot_overused", "index_mismatch", "stale")
+
+
+def test_version_grinding_takes_nothing_and_honest_rates_pass(redteam) -> None:
+    """Issue 21: groups on an easy prompt at ground policy versions (which the rule before the prompt
+    binding accepted), stamped in every window peers read, give the attacker no sample; the honest
+    nodes, then one of them stepping 5x as often as the other, lose no group to the binding."""
+    nodes, _, _, _ = redteam
+    honest = {h.peer_id for h in nodes}
+    marks = [len(h.verdicts) for h in nodes]
+    raw: dict = {}
+    s = run_attack(redteam, "version_grinding", raw)
+    check_bounded(s, "wrong_prompt")
+    assert s["attacker_samples"] == 0 and s["attacker"]["ground_groups"] >= 8, s
+    grinders = set(raw["identities"])
+    verdicts = [r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:] if o in grinders]
+    assert verdicts and set(verdicts) == {"wrong_prompt"}, verdicts
+    fast, slow = nodes
+    phase = [len(h.verdicts) for h in nodes]
+    slots, took_fast, took_slow = [], 0, 0
+    for _ in range(3):
+        for _ in range(5):
+            r = fast.step()
+            assert r["error"] is None, r
+            slots.append(fast.node._slot)
+            took_slow += any(x.source == slow.peer_id for x in r["samples"] if x.is_peer)
+        r = slow.step()
+        assert r["error"] is None, r
+        took_fast += any(x.source == fast.peer_id for x in r["samples"] if x.is_peer)
+    # Over the whole suite so far (every attack before this one too): no honest group lost to the binding.
+    lost = [v for h in nodes for v in h.verdicts if v[0] in honest and v[1] in BINDING_REASONS]
+    print(json.dumps({"grind_tries": s["attacker"]["grind_tries"], "ground_groups": s["attacker"]["ground_groups"],
+                      "grinders_dropped_wrong_prompt": len(verdicts), "attacker_samples": s["attacker_samples"],
+                      "fast_slots": slots, "slow_took_fast": took_fast, "fast_took_slow": took_slow,
+                      "honest_verdicts": [sorted(Counter((o[:6], r) for o, r in h.verdicts[m:] if o in honest).items())
+                                          for h, m in zip(nodes, phase)],
+                      "weights": [{o[:6]: round(h.node.parts.exchange.admission.reputation.weight(o), 3)
+                                   for o in honest if o != h.peer_id} for h in nodes],
+                      "excluded": [[o[:6] for o in honest if h.node.parts.exchange.admission.reputation.excluded(o)]
+                                   for h in nodes],
+                      "honest_drops_in_suite": [sorted(Counter(r for o, r in h.verdicts if o in honest and r).items())
+                                                for h in nodes]}))
+    assert not lost, lost
+    # The exchange is sampled and best-effort (fetch timeouts under load count as weather): groups
+    # must flow both ways, not in every step.
+    assert took_fast >= 2 and took_slow >= 1

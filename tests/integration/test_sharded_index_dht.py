@@ -30,8 +30,9 @@ def test_four_dhts_move_to_shards_and_still_exchange(dht_factory) -> None:
     rng = np.random.default_rng(0)
 
     def publish(round_idx: int, w: int) -> None:
+        created_at = now + (w - window) * 30.0  # a group is listed in the index of its own window
         for ex in exchanges:
-            ex.publish_groups([synthetic_group(rng, swarm_id=SWARM, sender=ex.transport.peer_id, created_at=now,
+            ex.publish_groups([synthetic_group(rng, swarm_id=SWARM, sender=ex.transport.peer_id, created_at=created_at,
                                                prompt_index=10 * round_idx + i) for i in range(2)], w)
 
     publish(0, window)  # no estimate yet: level 0, the one key of the window

@@ -137,9 +137,11 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
         window = keys.window_of(now, honest.cfg.swarm.window_seconds)
         exp = now + 120
         vocab = len(honest.parts.policy.tokenizer)
-        # Each group at its own policy version, on the prompt select_prompts assigns the evil peer there.
+        # Each group at its own policy version, on its own prompt of those the window assigns the evil
+        # peer (prompt binding: the first n x slots_per_window of select_prompts(peer, window)).
         ps_size = len(honest.parts.prompt_set)
-        at = {v: select_prompts(me, v, 2, ps_size, salt=SWARM)[0] for v in range(1, 12)}
+        assigned = select_prompts(me, window, 2 * honest.cfg.swarm.slots_per_window, ps_size, salt=SWARM)
+        at = {v: assigned[v] for v in range(1, 12)}
         bad_groups = {
             "logprob_positive": _valid_group(honest, me, at[1], 1, now, logprobs=np.array([0.5, -1, -1], np.float32)),
             "logprob_nonfinite": _valid_group(honest, me, at[2], 2, now, logprobs=np.array([np.nan, -1, -1], np.float32)),
@@ -166,7 +168,7 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
         dup = codec.encode(_valid_group(honest, me, at[9], 9, now))
         add(dup, at[9], 9)
         add(dup + b"", at[9], 9)                                               # duplicate entry
-        picked = next(i for i in range(ps_size) if i not in select_prompts(me, 10, 2, ps_size, salt=SWARM))
+        picked = next(i for i in range(ps_size) if i not in assigned)
         add(codec.encode(_valid_group(honest, me, picked, 10, now)), picked, 10)  # a cherry-picked prompt
         for data in blobs:
             evil.put_blob(data, exp)

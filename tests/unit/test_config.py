@@ -33,6 +33,12 @@ def test_unknown_fields_and_out_of_range_values_are_refused():
         NodeConfig.load(None, ['task.name="gsm8k"'])
     with pytest.raises(ValueError, match="isolated baseline"):
         NodeConfig.load(None, ['objective.variant="grpo"'])
+    # Peers with the same settings would drop this node's groups as unsupported_temperature.
+    with pytest.raises(ValueError, match="unsupported_temperature"):
+        NodeConfig.load(None, ["generation.temperature=3.0"])
+    NodeConfig.load(None, ["generation.temperature=3.0", "swarm.enabled=false"])
+    with pytest.raises(ValueError, match="min_peer_temperature"):
+        NodeConfig.load(None, ["swarm.min_peer_temperature=1.5", "swarm.max_peer_temperature=1.0"])
 
 
 def test_resolved_dump_loads_back_identically(tmp_path):

@@ -146,7 +146,7 @@ def test_horizontal_mode_shares_prompts_and_groups(tmp_path):
     extra = ['swarm.collaboration="horizontal"']
     a, b = make_node(tmp_path, swarm, "A", extra=extra), make_node(tmp_path, swarm, "B", extra=extra)
     window = keys.window_of(swarm.clock(), a.cfg.swarm.window_seconds)
-    assert [p.index for p in a._choose_problems(window)] == [p.index for p in b._choose_problems(window)]
+    assert [p.index for p in a._choose_problems(window, 0)] == [p.index for p in b._choose_problems(window, 0)]
     seen: list = []
     original = b.parts.trainer.step
     b.parts.trainer.step = lambda samples: (seen.extend(samples), original(samples))[1]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
+from protocol import keys
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
 from swarm_node.swarm.admission import (
     DUPLICATE,
@@ -18,6 +19,7 @@ from swarm_node.swarm.admission import (
     MIN_FINGERPRINT_TOKENS,
     NOT_ALLOWED,
     OVER_TOKEN_BUDGET,
+    SLOT_OVERUSED,
     WRONG_PROMPT,
     Admission,
     PromptAssignment,
@@ -27,7 +29,8 @@ from swarm_node.swarm.admission import (
 from swarm_node.tasks.prompts import select_prompts
 
 SALT = "adm-swarm"
-PROMPTS = PromptAssignment(prompt_set_id="ps-1", set_size=50, prompts_per_step=2, salt=SALT)
+PROMPTS = PromptAssignment(prompt_set_id="ps-1", set_size=50, prompts_per_step=2, salt=SALT, window_seconds=30.0,
+                           slots_per_window=4)
 
 
 @dataclass
@@ -48,8 +51,9 @@ def _group(sender: str, index: int, version: int = 0, g: int = 4, seed: int = 0,
                                      claimed_reward=0.0) for _ in range(g)))
 
 
-def _assigned(sender: str, version: int = 0) -> list[int]:
-    return select_prompts(sender, version, 2, 50, salt=SALT)
+def _assigned(sender: str, created_at: float = 100.0) -> list[int]:
+    """The prompts `sender` may publish in the window of `created_at`: n x S = 2 x 4 of them."""
+    return select_prompts(sender, keys.window_of(created_at, 30.0), 8, 50, salt=SALT)
 
 
 def test_fair_sample_is_fair_over_identities_first() -> None:
@@ -127,30 +131,58 @@ def test_signed_allow_list_file(tmp_path) -> None:
         load_allow_list(path, SALT, None)
 
 
-def test_prompt_must_be_the_one_assigned_to_sender_and_version() -> None:
+def test_prompt_must_be_one_assigned_to_sender_in_its_window() -> None:
     adm = Admission(prompts=PROMPTS)
-    mine = _assigned("peerA", 3)
+    mine = _assigned("peerA")
     not_mine = next(i for i in range(50) if i not in mine)
     assert adm.group_reason(_group("peerA", mine[0], version=3), 0) is None
     assert adm.group_reason(_group("peerA", not_mine, version=3, seed=1), 0) == WRONG_PROMPT
-    assert adm.entry_reason("peerA", not_mine, 3, 100.0) == WRONG_PROMPT
-    assert adm.entry_reason("peerA", mine[1], 3, 100.0) is None
+    assert adm.entry_reason("peerA", not_mine, 100.0) == WRONG_PROMPT
+    assert adm.entry_reason("peerA", mine[1], 100.0) is None
     # Another sender (a cherry-picker claiming peerA's easy prompt) is not assigned it, in general.
-    others = [p for p in (f"peer{k}" for k in range(20)) if mine[0] not in _assigned(p, 3)]
+    others = [p for p in (f"peer{k}" for k in range(20)) if mine[0] not in _assigned(p)]
     assert adm.group_reason(_group(others[0], mine[0], version=3, seed=2), 0) == WRONG_PROMPT
+    # Nor is peerA in a window whose assignment does not hold it.
+    later = next(t for t in range(130, 3000, 30) if not_mine not in _assigned("peerA", t))
+    assert adm.entry_reason("peerA", not_mine, float(later)) == WRONG_PROMPT
+
+
+def test_a_window_admits_each_assigned_prompt_once_per_sender() -> None:
+    adm = Admission(prompts=PROMPTS)
+    mine = _assigned("peerA")
+    assert len(set(mine)) == 8
+    for k, index in enumerate(mine):
+        assert adm.group_reason(_group("peerA", index, version=k, seed=k), 0) is None
+    # The n x S = 8 groups of the window are taken: the same prompt again, at any version, is refused.
+    assert adm.group_reason(_group("peerA", mine[0], version=99, seed=99), 0) == SLOT_OVERUSED
+    assert adm.entry_reason("peerA", mine[0], 100.0) == SLOT_OVERUSED
+    # The next window brings the next 8.
+    assert adm.group_reason(_group("peerA", _assigned("peerA", 130.0)[0], seed=100, created_at=130.0), 0) is None
+
+
+def test_candidates_listed_in_one_gather_hold_their_quota() -> None:
+    adm = Admission(prompts=PROMPTS)
+    adm.begin_gather()
+    index = _assigned("peerA")[0]
+    assert adm.entry_reason("peerA", index, 100.0) is None
+    assert adm.entry_reason("peerA", index, 110.0) == SLOT_OVERUSED  # listed twice in its window
+    adm.begin_gather()  # not taken: listed again next time
+    assert adm.entry_reason("peerA", index, 100.0) is None
 
 
 def test_horizontal_prompts_follow_the_window() -> None:
     prompts = replace(PROMPTS, horizontal=True, window_seconds=10.0)
     window_prompts = select_prompts("horizontal", 7, 2, 50, salt=SALT)
-    assert prompts.assigned("anyone", window_prompts[0], 0, 75.0)   # window 7
-    assert prompts.assigned("anyone", window_prompts[0], 0, 85.0)   # stamped in the next window
-    assert not prompts.assigned("anyone", window_prompts[0], 0, 125.0)
+    assert prompts.quota("anyone", window_prompts[0], 75.0) == (7, 4)  # window 7, S times per sender
+    for t in (85.0, 125.0):  # created_at is the step's start: only its own window's prompts
+        w = keys.window_of(t, 10.0)
+        assert prompts.assigned("anyone", window_prompts[0], t) == (
+            window_prompts[0] in select_prompts("horizontal", w, 2, 50, salt=SALT))
 
 
 def test_sender_keeps_its_declared_group_size() -> None:
     adm = Admission(prompts=PROMPTS)
-    a = _assigned("peerA", 0) + _assigned("peerA", 1)
+    a = _assigned("peerA")
     assert adm.group_reason(_group("peerA", a[0], version=0, g=4), 0) is None
     assert adm.group_reason(_group("peerA", a[2], version=1, g=2, seed=3), 0) == GROUP_SIZE_CHANGED
     assert adm.group_reason(_group("peerA", a[3], version=1, g=4, seed=4), 0) is None
