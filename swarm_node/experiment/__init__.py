@@ -15,7 +15,7 @@ from pathlib import Path
 
 def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | None, overrides: list[str],
                    verbose: bool, pairs: list[str] | None = None, arms: list[str] | None = None,
-                   check: bool = False) -> int:
+                   check: bool = False, seeds: list[int] | None = None) -> int:
     """Run the grid of `file`; returns the exit code. User errors end in one line (traceback with -v)."""
     from swarm_node.experiment.grid import run_grid
     from swarm_node.experiment.spec import ExperimentSpec
@@ -35,7 +35,8 @@ def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | Non
     out = out or Path("runs") / f"experiment-{spec.experiment.name}{'-quick' if quick else ''}"
     t0 = time.perf_counter()
     try:
-        run_grid(spec, out, mode=mode, pairs=pairs or None, arms=arms or None, log=lambda m: print(m, flush=True))
+        run_grid(spec, out, mode=mode, pairs=pairs or None, arms=arms or None, seeds=seeds or None,
+                 log=lambda m: print(m, flush=True))
     except KeyboardInterrupt:
         print(f"swarm-node experiment: interrupted; run the same command again to continue ({out})", file=sys.stderr)
         return 130

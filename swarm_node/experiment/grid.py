@@ -95,12 +95,12 @@ def budget_record(configs: list[tuple[str, Any]], steps: int) -> dict[str, Any]:
 
 def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs: list[str] | None = None,
              arms: list[str] | None = None, log: Callable[[str], None] = print,
-             stop_after: int | None = None) -> dict[str, Any]:
+             stop_after: int | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
     """Run every pair x arm x seed not yet finished under `out`, then write the summary and plots
     (also after each run, so an unfinished grid has a summary of what is done).
 
-    `pairs`, `arms`: only these pairs / arms (several processes can share one output directory, one
-    pair each; a swarm-mode confirmation runs the arms it confirms);
+    `pairs`, `arms`, `seeds`: only these pairs / arms / seeds (several processes can share one output
+    directory, one pair or one set of seeds each; a swarm-mode confirmation runs the arms it confirms);
     `stop_after`: run at most this many new runs, then return (tests use it to play an interruption)."""
     from swarm_node.experiment.evaluation import Evaluator
     from swarm_node.experiment.lockstep import run_lockstep
@@ -111,11 +111,13 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     mode = mode or spec.experiment.mode
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "spec.json", spec.model_dump_json(indent=1))
-    for what, chosen, names in (("pairs", pairs, [p.name for p in spec.pairs]), ("arms", arms, [a.name for a in spec.arms])):
+    for what, chosen, names in (("pairs", pairs, [p.name for p in spec.pairs]), ("arms", arms, [a.name for a in spec.arms]),
+                                ("seeds", seeds, spec.experiment.seeds)):
         unknown = sorted(set(chosen or []) - set(names))
         if unknown:
             raise ValueError(f"unknown {what} {unknown}; the file has {names}")
-    runs = [r for r in spec.runs() if (pairs is None or r[0].name in pairs) and (arms is None or r[1].name in arms)]
+    runs = [r for r in spec.runs() if (pairs is None or r[0].name in pairs) and (arms is None or r[1].name in arms)
+            and (seeds is None or r[2] in seeds)]
     used = [n for n in spec.nodes if any(n.name in p.nodes for p, _, _ in runs)]
     models = prepare_models(spec, log, {n.name for n in used}, sorted({s for _, _, s in runs}))
     # every node's training set counts, so that the held-out set is the same whichever pairs run
