@@ -66,7 +66,9 @@ class Evaluator:
         from swarm_node.tasks import make_reward_fn
 
         self.spec, self.heldout, self.ood, self.system_prompt = spec, heldout, ood, system_prompt
-        self.worked_example = worked_example  # as the nodes render their training prompts
+        # the bare question, as the warm-up renders it (before: always so); a file whose nodes train with
+        # task.worked_example = true evaluates without it unless this is set (sandbox_power sets it false)
+        self.worked_example = worked_example
         self.reward_fn = make_reward_fn(eval_task(spec), heldout.answer_kind, format_reward=0.0)
         self.cache_path = cache
         self.cache = json.loads(cache.read_text()) if cache.exists() else {}

@@ -130,8 +130,7 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     if ood is not None:
         atomic_write_text(out / f"ood-{split}.json", json.dumps([p.__dict__ for p in ood.problems]))
     evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt,
-                          out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"), ood=ood,
-                          worked_example=probe[0].task.worked_example)
+                          out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"), ood=ood)
     lora = {n.name: c.model.lora.enabled for n, c in zip(spec.nodes, probe, strict=True)}
     done_now, t_grid = 0, time.perf_counter()
     try:
