@@ -54,7 +54,8 @@ def metric_rows(table: dict, spec: Any, metric: Metric) -> list[dict[str, Any]]:
                 if row is None or key is None or key not in row.get("d_aucs", {}):
                     continue
                 mean, half = row["d_aucs"][key]
-                out.append({"pair": pair.name, "arm": arm.name, "node": node, "key": key, "d_auc": mean,
+                out.append({"pair": pair.name, "arm": arm.name, "own_budget": arm.own_budget, "node": node,
+                            "key": key, "d_auc": mean,
                             "half": half, "auc": row["aucs"][key][0], "n": len(row["seeds"]),
                             "verdict": verdict(mean, half)})
     return out
@@ -68,10 +69,12 @@ def _fmt(m: float, h: float) -> str:
 
 def metric_markdown(rows: list[dict[str, Any]], metric: Metric, primary: bool) -> list[str]:
     title = f"{'Primary' if primary else 'Secondary'}: {LABELS[metric]}"
-    lines = [f"## {title}", "", "| pair | arm | node | metric | AUC | Δ AUC vs isolated | clears 0 | n |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['pair']} | {r['arm']} | {r['node']} | {r['key']} | {r['auc']:.3f} | {_fmt(r['d_auc'], r['half'])} | "
-              f"{r['verdict']} | {r['n']} |" for r in rows]
+    lines = [f"## {title}", "", "Own budget: own-generation budget relative to the isolated arm (every swarm arm 1x; "
+             "isolated-2x: twice the own prompts per step, no peers).", "",
+             "| pair | arm | own budget | node | metric | AUC | Δ AUC vs isolated | clears 0 | n |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['pair']} | {r['arm']} | {r['own_budget']}x | {r['node']} | {r['key']} | {r['auc']:.3f} | "
+              f"{_fmt(r['d_auc'], r['half'])} | {r['verdict']} | {r['n']} |" for r in rows]
     gains = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "gain"]
     losses = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "loss"]
     lines += ["", f"Intervals above 0: {', '.join(gains) or 'none'}. Below 0: {', '.join(losses) or 'none'}.", ""]

@@ -139,6 +139,10 @@ def test_isolated_2x_has_twice_the_own_prompts(tmp_path):
     assert double.generation.group_size == iso.generation.group_size and not double.swarm.enabled
     # the first half of its prompts are the isolated arm's: the extra prompts come on top
     assert select_prompts("add-spec", 3, 8, 2000, "s")[:4] == select_prompts("add-spec", 3, 4, 2000, "s")
+    with pytest.raises(ValueError, match="unknown seeds"):
+        from swarm_node.experiment.grid import run_grid
+
+        run_grid(spec, tmp_path / "out", seeds=[99], log=lambda m: None)
     with pytest.raises(ValueError, match="own_budget"):
         ExperimentSpec.model_validate({"nodes": [{"name": "a", "model": "m"}],
                                        "arms": [{"name": "x", "variant": "f-tis", "own_budget": 2}]})
@@ -253,7 +257,7 @@ def test_summary_primary_metric_on_a_known_input(tmp_path):
     assert summary["metrics"]["secondary"][0]["metric"] == "ood"
     md = (out / "summary.md").read_text()
     assert md.index("## Primary: Δ AUC on the node's weak skill") < md.index("## Secondary") < md.index("## p: a + b")
-    assert f"| p | f-tis | a | accuracy_sub | 0.350 | +0.150 ± {4.303 * sd / math.sqrt(3):.3f} | gain | 3 |" in md
+    assert f"| p | f-tis | 1x | a | accuracy_sub | 0.350 | +0.150 ± {4.303 * sd / math.sqrt(3):.3f} | gain | 3 |" in md
     assert "Intervals above 0: p/f-tis/a. Below 0: none." in md
     assert "| f-tis | a | 16.0 | 13.0 | 2.0 |" in md
     assert "fixed in the test" in md
