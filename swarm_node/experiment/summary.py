@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text, atomic_write_with
+from swarm_node.atomic import atomic_write_text
+from swarm_node.experiment.plots import plot_pair
 from swarm_node.experiment.primary import fixed_metrics
 
 # Student t quantile t_{0.975, df} for df = 1..30 (beyond: the normal 1.96 is within 2%).
@@ -159,6 +160,7 @@ def collect(out: Path, spec: Any) -> dict[str, Any]:
             data[pair.name][arm.name][node][seed] = {
                 "steps": steps, "acc": acc, "final": acc[-1], "auc": curve_auc(steps, acc),
                 "aucs": {k: curve_auc(st, v) for k, (st, v) in by_key.items()},
+                "curves": {k: v for k, (_, v) in by_key.items()},
                 "finals": {k: v[-1] for k, (_, v) in by_key.items()},
                 **run_metrics(run_dir, node), **peer_offer(run_dir, node, pair.nodes)}
     return data
@@ -276,38 +278,6 @@ def offer_lines(table: dict, spec: Any, pair: Any) -> list[str]:
     return [f"Peer groups per run ({pair.name}, mean over seeds): offered = published by the pair's other nodes, "
             "taken = trained on, cap-bound steps = steps whose taken groups reached the node's cap (0: no cap bound):",
             "", "| arm | node | offered | taken | cap-bound steps |", "| --- | --- | --- | --- | --- |", *rows, ""]
-
-
-def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(pair.nodes), figsize=(4.2 * len(pair.nodes), 3.2), squeeze=False)
-    for ax, node in zip(axes[0], pair.nodes, strict=True):
-        for arm in spec.pair_arms(pair):
-            runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
-            if not runs:
-                continue
-            steps = min((r["steps"] for r in runs.values()), key=len)
-            stats = [mean_ci([r["acc"][r["steps"].index(s)] for r in runs.values()]) for s in steps]
-            mean = [m for m, _ in stats]
-            half = [0.0 if math.isnan(h) else h for _, h in stats]
-            style = "--" if arm.collaboration == "horizontal" else "-"
-            line, = ax.plot(steps, mean, style, label=arm.name, lw=2.0 if arm.variant in ("isolated", "f-tis") else 1.2)
-            ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
-                            color=line.get_color(), alpha=0.12)
-        ax.set_title(f"{pair.name}: {node}", fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel("held-out accuracy", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
-    plt.close(fig)
 
 
 def write_summary(out: Path, spec: Any) -> dict[str, Any]:
