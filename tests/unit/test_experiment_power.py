@@ -262,3 +262,63 @@ def test_summary_primary_metric_on_a_known_input(tmp_path):
     assert "| f-tis | a | 16.0 | 13.0 | 2.0 |" in md
     assert "fixed in the test" in md
     assert markdown(summarise(collect(out, spec), spec), spec, out) == md
+
+
+# ---- pre-check ---------------------------------------------------------------------------------------------
+
+PRECHECK = """
+[experiment]
+seeds = [0]
+[defaults]
+generation = { group_size = 4, max_new_tokens = 6 }
+task = { name = "arithmetic", levels = [1], size = 200 }
+[[nodes]]
+name = "a"
+model = "tiny-random:32x1"
+weak_skill = "sub"
+[[nodes]]
+name = "b"
+model = "tiny-random:32x1"
+weak_skill = "add"
+[[nodes]]
+name = "hot"
+model = "tiny-random:32x1"
+temperature = 3.0
+[[pairs]]
+name = "same"
+nodes = ["a", "b"]
+[[pairs]]
+name = "far"
+nodes = ["a", "hot"]
+[[arms]]
+name = "f-tis"
+variant = "f-tis"
+"""
+
+
+def test_precheck_numbers_on_known_models(monkeypatch, tmp_path):
+    """Every sample counted correct (a fake reward): a copy of the node's own model gives KL 0 and
+    weights 1; the same model sampling at temperature 3 is far (weights away from 1) and, having no weak
+    skill itself, is reported but not required."""
+    import swarm_node.tasks.registry as registry
+    from swarm_node.experiment.precheck import run_precheck
+
+    class AllCorrect:
+        def score(self, text, problem):
+            return type("S", (), {"correct": True})()
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(registry, "make_reward_fn", lambda *a, **k: AllCorrect())
+    path = tmp_path / "p.toml"
+    path.write_text(PRECHECK)
+    rows = run_precheck(ExperimentSpec.load(path), log=lambda m: None, prompts=4)
+    by = {(r["pair"], r["node"], r["peer"]): r for r in rows}
+    assert set(by) == {("same", "a", "b"), ("same", "b", "a"), ("far", "a", "hot")}
+    same = by[("same", "a", "b")]
+    assert same["peer_correct"] == same["peer_samples"] == 16 and same["skill"] == "sub" and same["required"]
+    assert same["kl_p50"] == pytest.approx(0.0, abs=1e-5) and same["weight_p50"] == pytest.approx(1.0, abs=1e-4)
+    assert same["survive"] and (same["estimator"], same["reduction"], same["g"], same["C"]) == ("k3_gen", "sum", 50.0, 2.0)
+    far = by[("far", "a", "hot")]
+    assert not far["required"] and far["kl_p50"] > 0.01 and abs(far["weight_p50"] - 1.0) > 0.01
