@@ -102,7 +102,7 @@ class NodeSpec(_Strict):
     levels: list[int] | None = None
     set: list[str] = Field(default_factory=list)
     warmup: dict[str, Any] | None = None
-    weak_skill: str | None = Field(
+    weak_skill: Literal["add", "sub"] | None = Field(
         None, description="The skill (arithmetic operation: add | sub) this node is weak at by construction (its "
                           "warm-up's minority operation): the primary metric reads the held-out accuracy on it.")
 
