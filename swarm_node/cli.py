@@ -306,12 +306,15 @@ def experiment(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                mode: Annotated[Optional[str], typer.Option(help="lockstep or swarm (default: the file's).")] = None,
                pair: Annotated[Optional[list[str]], typer.Option(help="Run only this pair (repeatable).")] = None,
                arm: Annotated[Optional[list[str]], typer.Option(help="Run only this arm (repeatable).")] = None,
+               seed: Annotated[Optional[list[int]], typer.Option(help="Run only this seed (repeatable).")] = None,
+               check: Annotated[bool, typer.Option("--check", help="Pre-check only: do peers' weak-skill samples "
+                                                   "survive the filters (warm models, seconds)?")] = False,
                set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Run an experiment grid (arms x seeds) and write summary.md with intervals and plots."""
     from swarm_node.experiment import run_experiment
 
     raise typer.Exit(run_experiment(file, out=out, quick=quick, mode=mode, overrides=set_ or [], verbose=verbose,
-                                   pairs=pair, arms=arm))
+                                   pairs=pair, arms=arm, check=check, seeds=seed))
 
 
 @app.command(epilog="Example: swarm-node report runs/local-20260101-120000")

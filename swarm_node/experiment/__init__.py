@@ -14,7 +14,8 @@ from pathlib import Path
 
 
 def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | None, overrides: list[str],
-                   verbose: bool, pairs: list[str] | None = None, arms: list[str] | None = None) -> int:
+                   verbose: bool, pairs: list[str] | None = None, arms: list[str] | None = None,
+                   check: bool = False, seeds: list[int] | None = None) -> int:
     """Run the grid of `file`; returns the exit code. User errors end in one line (traceback with -v)."""
     from swarm_node.experiment.grid import run_grid
     from swarm_node.experiment.spec import ExperimentSpec
@@ -27,12 +28,15 @@ def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | Non
     if mode not in (None, "lockstep", "swarm"):
         print(f"swarm-node experiment: --mode must be lockstep or swarm, got {mode!r}", file=sys.stderr)
         return 2
+    if check:
+        return _check(spec, verbose)
     if quick:
         spec = spec.quick()
     out = out or Path("runs") / f"experiment-{spec.experiment.name}{'-quick' if quick else ''}"
     t0 = time.perf_counter()
     try:
-        run_grid(spec, out, mode=mode, pairs=pairs or None, arms=arms or None, log=lambda m: print(m, flush=True))
+        run_grid(spec, out, mode=mode, pairs=pairs or None, arms=arms or None, seeds=seeds or None,
+                 log=lambda m: print(m, flush=True))
     except KeyboardInterrupt:
         print(f"swarm-node experiment: interrupted; run the same command again to continue ({out})", file=sys.stderr)
         return 130
@@ -44,3 +48,22 @@ def run_experiment(file: Path, *, out: Path | None, quick: bool, mode: str | Non
         return 1
     print(f"experiment finished in {time.perf_counter() - t0:.0f}s: {out / 'summary.md'}", flush=True)
     return 0
+
+
+def _check(spec, verbose: bool) -> int:
+    """`--check`: the pre-check (precheck.py); 0 when every direction survives the filters, else 1."""
+    import json
+
+    from swarm_node.experiment.precheck import run_precheck
+
+    t0 = time.perf_counter()
+    try:
+        rows = run_precheck(spec, log=lambda m: print(m, flush=True))
+    except (ValueError, OSError, RuntimeError) as e:
+        if verbose:
+            raise
+        print(f"swarm-node experiment --check: {e} (rerun with -v for the traceback)", file=sys.stderr)
+        return 1
+    print(json.dumps({"precheck": rows, "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+    required = [r for r in rows if r["required"]]
+    return 0 if required and all(r["survive"] for r in required) else 1

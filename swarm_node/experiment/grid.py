@@ -2,8 +2,10 @@
 
     OUT/spec.json                      the resolved experiment spec
     OUT/heldout.json                   the evaluated problems (index, question, answer); validation.json
-                                       instead when the spec evaluates the validation split
+                                       instead when the spec evaluates the validation split; ood-heldout.json
+                                       the out-of-distribution set (`eval.ood_task`)
     OUT/runs/<pair>/<arm>/seed<k>/     <node>/metrics.jsonl (the node's own log), evals.jsonl,
+                                       budget.json (own budget and peer caps per node),
                                        done.json (written last: a run with it is finished)
     OUT/summary.md, summary.json, plots/<pair>.png
 
@@ -52,7 +54,7 @@ def warmup_questions(spec: ExperimentSpec) -> set[str]:
     questions do not depend on the experiment seed: `NodeSpec.warmup_spec`)."""
     from swarm_node.experiment.warmup import warmup_pool
 
-    specs = {(w.levels, w.ops, w.pool_seed, w.steps * w.batch_size): w for n in spec.nodes
+    specs = {(w.levels, w.ops, w.op_weights, w.pool_seed, w.steps * w.batch_size): w for n in spec.nodes
              for s in spec.experiment.seeds if (w := n.warmup_for(spec, s)) is not None}  # one per pool
     return {p.question.strip() for w in specs.values() for p in warmup_pool(w)}
 
@@ -66,47 +68,41 @@ def heldout_set(spec: ExperimentSpec, train_sets: list[PromptSet]) -> PromptSet:
                             split=spec.eval.split)
 
 
-class Evaluator:
-    """Greedy pass@1 on the held-out set; step-0 results are cached per model (all arms share them)."""
+def ood_set(spec: ExperimentSpec, train_sets: list[PromptSet]) -> PromptSet | None:
+    """The out-of-distribution set (`eval.ood_task`), with the same exclusions and split; None without one."""
+    from swarm_node.config import TaskConfig
+    from swarm_node.tasks.heldout import disjoint_heldout
 
-    def __init__(self, spec: ExperimentSpec, heldout: PromptSet, system_prompt: str | None, cache: Path) -> None:
-        from swarm_node.tasks import make_reward_fn
+    if spec.eval.ood_task is None:
+        return None
+    return disjoint_heldout(TaskConfig.model_validate(spec.eval.ood_task), train_sets, spec.eval.ood_problems,
+                            exclude=warmup_questions(spec), split=spec.eval.split)
 
-        self.spec, self.heldout, self.system_prompt = spec, heldout, system_prompt
-        self.reward_fn = make_reward_fn(eval_task(spec), heldout.answer_kind, format_reward=0.0)
-        self.cache_path = cache
-        self.cache = json.loads(cache.read_text()) if cache.exists() else {}
-        self.model_keys: dict[str, str] = {}
 
-    def __call__(self, node: str, policy: Any, step: int) -> dict:
-        from swarm_node.evaluate import evaluate
-
-        key = self.model_keys.get(node, node)
-        if step == 0 and key in self.cache:
-            return dict(self.cache[key])
-        e = self.spec.eval
-        r = evaluate(policy.model, policy.tokenizer, self.heldout, self.reward_fn, batch_size=e.batch_size,
-                     max_new_tokens=e.max_new_tokens, device=policy.device, system_prompt=self.system_prompt,
-                     progress=False)
-        row = {"accuracy": r["accuracy"], "n": r["n"], "eval_seconds": round(r["seconds"], 3)}
-        if step == 0:
-            self.cache[key] = row
-            atomic_write_text(self.cache_path, json.dumps(self.cache, indent=1))
-        return row
-
-    def close(self) -> None:
-        self.reward_fn.close()
+def budget_record(configs: list[tuple[str, Any]], steps: int) -> dict[str, Any]:
+    """What each node of a run could spend and take: its own-generation budget (steps x prompts x G)
+    and its peer caps, written beside the run (`budget.json`) so the summary can say whether a cap bound."""
+    out = {}
+    for name, cfg in configs:
+        sw, tr, gen = cfg.swarm, cfg.train, cfg.generation
+        out[name] = {"prompts_per_step": tr.prompts_per_step, "group_size": gen.group_size,
+                     "own_samples_budget": steps * tr.prompts_per_step * gen.group_size,
+                     "swarm": sw.enabled, "max_peer_fraction": sw.max_peer_fraction,
+                     "max_peer_groups_per_step": sw.max_peer_groups_per_step,
+                     "max_groups_per_peer": sw.max_groups_per_peer}
+    return out
 
 
 def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs: list[str] | None = None,
              arms: list[str] | None = None, log: Callable[[str], None] = print,
-             stop_after: int | None = None) -> dict[str, Any]:
+             stop_after: int | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
     """Run every pair x arm x seed not yet finished under `out`, then write the summary and plots
     (also after each run, so an unfinished grid has a summary of what is done).
 
-    `pairs`, `arms`: only these pairs / arms (several processes can share one output directory, one
-    pair each; a swarm-mode confirmation runs the arms it confirms);
+    `pairs`, `arms`, `seeds`: only these pairs / arms / seeds (several processes can share one output
+    directory, one pair or one set of seeds each; a swarm-mode confirmation runs the arms it confirms);
     `stop_after`: run at most this many new runs, then return (tests use it to play an interruption)."""
+    from swarm_node.experiment.evaluation import Evaluator
     from swarm_node.experiment.lockstep import run_lockstep
     from swarm_node.experiment.summary import write_summary
     from swarm_node.experiment.swarm_mode import run_swarm
@@ -115,21 +111,26 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     mode = mode or spec.experiment.mode
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "spec.json", spec.model_dump_json(indent=1))
-    for what, chosen, names in (("pairs", pairs, [p.name for p in spec.pairs]), ("arms", arms, [a.name for a in spec.arms])):
+    for what, chosen, names in (("pairs", pairs, [p.name for p in spec.pairs]), ("arms", arms, [a.name for a in spec.arms]),
+                                ("seeds", seeds, spec.experiment.seeds)):
         unknown = sorted(set(chosen or []) - set(names))
         if unknown:
             raise ValueError(f"unknown {what} {unknown}; the file has {names}")
-    runs = [r for r in spec.runs() if (pairs is None or r[0].name in pairs) and (arms is None or r[1].name in arms)]
+    runs = [r for r in spec.runs() if (pairs is None or r[0].name in pairs) and (arms is None or r[1].name in arms)
+            and (seeds is None or r[2] in seeds)]
     used = [n for n in spec.nodes if any(n.name in p.nodes for p, _, _ in runs)]
     models = prepare_models(spec, log, {n.name for n in used}, sorted({s for _, _, s in runs}))
     # every node's training set counts, so that the held-out set is the same whichever pairs run
     probe = [node_config(spec, n, spec.arms[0], 0, i, out / "probe", "unused") for i, n in enumerate(spec.nodes)]
     tasks = {json.dumps(c.task.model_dump(mode="json"), sort_keys=True): c.task for c in probe}
-    heldout = heldout_set(spec, [load_prompt_set(t) for t in tasks.values()])
+    train_sets = [load_prompt_set(t) for t in tasks.values()]
+    heldout, ood = heldout_set(spec, train_sets), ood_set(spec, train_sets)
     split = spec.eval.split
     atomic_write_text(out / f"{split}.json", json.dumps([p.__dict__ for p in heldout.problems]))
+    if ood is not None:
+        atomic_write_text(out / f"ood-{split}.json", json.dumps([p.__dict__ for p in ood.problems]))
     evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt,
-                          out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"))
+                          out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"), ood=ood)
     lora = {n.name: c.model.lora.enabled for n, c in zip(spec.nodes, probe, strict=True)}
     done_now, t_grid = 0, time.perf_counter()
     try:
@@ -147,6 +148,7 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
             configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
                                           run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
                        for name in pair.nodes]
+            atomic_write_text(run_dir / "budget.json", json.dumps(budget_record(configs, spec.experiment.steps)))
             log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
             evaluator.model_keys = {name: f"{models[(name, seed)]}|lora={lora[name]}" for name in pair.nodes}
             t0 = time.perf_counter()

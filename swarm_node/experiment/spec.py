@@ -3,17 +3,22 @@
     [experiment]  name, mode ("lockstep" | "swarm"), seeds, steps, peer_lag, cache_dir,
                   warmup_seed ("per_seed" | "fixed")
     [eval]        every, problems, batch_size, max_new_tokens, split ("heldout" | "validation"),
-                  task = {TaskConfig fields}
+                  task = {TaskConfig fields}, ood_task = {TaskConfig fields}, ood_problems
     [defaults]    NodeConfig sections shared by every node of every arm (model, generation, train, task, ...)
     [[nodes]]     name, model, lora, learning_rate, temperature, levels, set = [dotted overrides],
                   warmup = {base, levels, ops, steps, learning_rate, ...} (optional: a cached supervised
                   warm-up of a base model, tiny-random or one `model.name` accepts; `model` is then filled in)
-    [[pairs]]     name, nodes = [node names]: one swarm each (default: one pair of all nodes)
+                  weak_skill (the operation the primary metric reads for this node)
+    [[pairs]]     name, nodes = [node names], arms = [arm names] (default: every arm): one swarm each
+                  (default: one pair of all nodes)
     [[arms]]      name, variant ("isolated" | nois | vis | tis | f-nois | f-vis | f-tis),
-                  collaboration ("vertical" | "horizontal"), set = [dotted overrides]
+                  collaboration ("vertical" | "horizontal"), own_budget (isolated references only: x prompts
+                  per step), set = [dotted overrides]
+    [metrics]     primary ("weak_skill" | "overall" | "ood"), secondary, note: fixed before the grid runs
 
 The grid is pairs x arms x seeds. Every arm gives each node the same own-generation budget
-(steps x prompts_per_step x group_size); an `isolated` arm trains every node alone with on-policy
+(steps x prompts_per_step x group_size), except an isolated reference that declares `own_budget`
+(isolated-2x); an `isolated` arm trains every node alone with on-policy
 GRPO. In a horizontal arm the n nodes of a pair answer the same n x prompts_per_step prompts per
 step, G/n completions each (`generation.group_size` is the whole group G), so every group of G is the
 union of the nodes' parts and the own budget is unchanged (`horizontal_parts`). `node_config` turns
@@ -81,6 +86,11 @@ class EvalSection(_Strict):
     task: dict[str, Any] = Field(default_factory=lambda: {"name": "arithmetic", "seed": 1_000_003},
                                  description="TaskConfig of the evaluation set; problems whose question appears "
                                              "in any node's training set or warm-up data are removed.")
+    ood_task: dict[str, Any] | None = Field(
+        None, description="TaskConfig of an out-of-distribution evaluation set that no node trains or warms up on "
+                          "(e.g. arithmetic level 2 when training on level 1), evaluated beside the held-out set "
+                          "(`ood_accuracy` in evals.jsonl); same split and exclusions. None: no OOD set.")
+    ood_problems: int = Field(256, ge=1, description="N problems of the OOD set.")
 
 
 class NodeSpec(_Strict):
@@ -92,6 +102,9 @@ class NodeSpec(_Strict):
     levels: list[int] | None = None
     set: list[str] = Field(default_factory=list)
     warmup: dict[str, Any] | None = None
+    weak_skill: Literal["add", "sub"] | None = Field(
+        None, description="The skill (arithmetic operation: add | sub) this node is weak at by construction (its "
+                          "warm-up's minority operation): the primary metric reads the held-out accuracy on it.")
 
     def warmup_spec(self, system_prompt: str | None, seed: int | None = None) -> WarmupSpec | None:
         """The node's warm-up; with `seed` (warmup_seed = "per_seed") its seed moves by the experiment
@@ -102,6 +115,8 @@ class NodeSpec(_Strict):
         for key in ("levels", "ops"):
             if key in w:
                 w[key] = tuple(w[key])
+        if "op_weights" in w:  # a TOML table {add = 0.9, sub = 0.1}: sorted pairs, so the cache name is stable
+            w["op_weights"] = tuple(sorted((str(k), float(v)) for k, v in dict(w["op_weights"]).items()))
         w.setdefault("system_prompt", system_prompt)
         spec = WarmupSpec(**w)
         if seed is None:
@@ -117,6 +132,10 @@ class NodeSpec(_Strict):
 class PairSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
     nodes: list[str] = Field(min_length=1)
+    arms: list[str] | None = Field(
+        None, description="The arms run for this pair (default: every arm). A node's isolated arm is the same run "
+                          "in every pair (same warm model, seeds and prompts), so a pair may leave `isolated` out and "
+                          "the summary pairs its arms with the node's isolated run from another pair.")
 
 
 class ArmSpec(_Strict):
@@ -126,6 +145,31 @@ class ArmSpec(_Strict):
         "vertical", description="vertical: a node generates whole groups; horizontal: the nodes of a pair generate "
                                 "G/n of each of n x prompts_per_step shared prompts per step (`horizontal_parts`).")
     set: list[str] = Field(default_factory=list)
+    own_budget: int = Field(
+        1, ge=1, le=8,
+        description="Multiplier of each node's own-generation budget: `train.prompts_per_step` x this. Every arm "
+                    "but a declared reference keeps 1; `isolated-2x` (variant isolated, own_budget = 2) is the "
+                    "'just more samples' reference: twice the own prompts per step, no peers.")
+
+    @model_validator(mode="after")
+    def _budget(self) -> ArmSpec:
+        if self.own_budget != 1 and self.variant != "isolated":
+            raise ValueError(f"arm {self.name!r}: own_budget != 1 is for isolated references only (a swarm arm "
+                             "must spend the same own budget as isolated)")
+        return self
+
+
+class MetricsSection(_Strict):
+    """The metrics claims are read from, fixed in the experiment file before the grid runs."""
+
+    primary: Literal["weak_skill", "overall", "ood"] = Field(
+        "overall",
+        description="The primary metric, per node: the paired (by seed) difference of held-out AUC to the node's "
+                    "isolated arm, on `weak_skill` (the node's `weak_skill` problems of the held-out set), `overall` "
+                    "(the whole held-out set) or `ood` (the out-of-distribution set, `eval.ood_task`).")
+    secondary: list[Literal["weak_skill", "overall", "ood"]] = Field(
+        default_factory=list, description="Secondary metrics, reported after the primary one in the same form.")
+    note: str = Field("", description="When and why the metrics were fixed (shown in the summary).")
 
 
 class ExperimentSpec(_Strict):
@@ -135,6 +179,7 @@ class ExperimentSpec(_Strict):
     nodes: list[NodeSpec] = Field(min_length=1)
     pairs: list[PairSpec] = Field(default_factory=list)
     arms: list[ArmSpec] = Field(min_length=1)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentSpec:
@@ -147,6 +192,15 @@ class ExperimentSpec(_Strict):
             unknown = [n for n in pair.nodes if n not in names]
             if unknown:
                 raise ValueError(f"pair {pair.name!r} names unknown nodes {unknown}; nodes are {names}")
+        arm_names = [a.name for a in self.arms]
+        for pair in self.pairs:
+            unknown = [a for a in pair.arms or [] if a not in arm_names]
+            if unknown:
+                raise ValueError(f"pair {pair.name!r} names unknown arms {unknown}; arms are {arm_names}")
+        if "weak_skill" in (self.metrics.primary, *self.metrics.secondary):
+            missing = [n.name for n in self.nodes if n.weak_skill is None]
+            if len(missing) == len(self.nodes):
+                raise ValueError("metrics name weak_skill but no node has `weak_skill`")
         for group, items in (("pairs", self.pairs), ("arms", self.arms)):
             seen = [i.name for i in items]
             if len(set(seen)) != len(seen):
@@ -178,11 +232,15 @@ class ExperimentSpec(_Strict):
         q.experiment.steps = min(q.experiment.steps, 2)
         q.eval.every = q.experiment.steps
         q.eval.problems = min(q.eval.problems, 16)
+        q.eval.ood_problems = min(q.eval.ood_problems, 16)
         return q
 
+    def pair_arms(self, pair: PairSpec) -> list[ArmSpec]:
+        return [a for a in self.arms if pair.arms is None or a.name in pair.arms]
+
     def runs(self) -> list[tuple[PairSpec, ArmSpec, int]]:
-        """Pair by pair, seed by seed, every arm: a grid stopped early has all arms for some seeds."""
-        return [(p, a, s) for p in self.pairs for s in self.experiment.seeds for a in self.arms]
+        """Pair by pair, seed by seed, every arm of the pair: a grid stopped early has all arms for some seeds."""
+        return [(p, a, s) for p in self.pairs for s in self.experiment.seeds for a in self.pair_arms(p)]
 
 
 def run_id(pair: PairSpec, arm: ArmSpec, seed: int) -> str:
@@ -204,6 +262,8 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
     if node.learning_rate is not None:
         train["learning_rate"] = node.learning_rate
     train["total_steps"] = spec.experiment.steps
+    train["prompts_per_step"] = arm.own_budget * int(
+        train.get("prompts_per_step", TrainConfig.model_fields["prompts_per_step"].default))
     train["seed"] = seed * 1009 + node_index  # nodes of a run differ; arms of a seed agree
     if node.temperature is not None:
         data.setdefault("generation", {})["temperature"] = node.temperature

@@ -1,6 +1,8 @@
 """Statistics over seeds, the grid's summary (markdown + JSON) and its plots.
 
-Per pair, arm and node: final held-out accuracy and area under the accuracy curve (the trapezoid
+First the metrics the experiment file fixed (`[metrics]`, `primary.py`): paired Δ AUC on each node's
+weak skill, overall or out of distribution, with which arms' intervals clear 0. Then per pair, arm
+and node: final held-out accuracy and area under the accuracy curve (the trapezoid
 area divided by the step span: the mean accuracy over the run), each as mean and 95% interval over
 seeds (Student t: mean +/- t_{0.975, n-1} * sd / sqrt(n)); the same for the per-seed difference to
 the isolated arm (paired by seed, so the shared starting point and prompt order cancel); and from
@@ -20,7 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text, atomic_write_with
+from swarm_node.atomic import atomic_write_text
+from swarm_node.experiment.plots import plot_pair
+from swarm_node.experiment.primary import fixed_metrics
 
 # Student t quantile t_{0.975, df} for df = 1..30 (beyond: the normal 1.96 is within 2%).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -65,6 +69,9 @@ PEER_COLUMNS = ("peer_samples_gradient", "peer_filtered_fraction", "is_weight_pe
                 *(f"kl_{e}_{s}" for e in KL_ESTIMATORS for s in ("p50", "p90", "max")), "train_reward_last5")
 
 
+OFFER_COLUMNS = ("peer_groups_offered", "peer_groups_taken", "peer_cap_bound_steps")
+
+
 def _median(values: Sequence[float]) -> float:
     vals = sorted(values)
     if not vals:
@@ -102,8 +109,43 @@ def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
     return out
 
 
+def peer_offer(run_dir: Path, node: str, pair_nodes: list[str]) -> dict[str, float]:
+    """Whether a peer cap bound in one run (`budget.json` beside the run, absent in older runs: nan):
+    peer_groups_offered = the groups the pair's other nodes published (steps x their prompts per step),
+    peer_groups_taken = the groups this node trained on (`peer_groups`), peer_cap_bound_steps = steps
+    whose taken groups reached the node's cap (`rollouts.peer_group_cap`). taken < offered with no
+    bound step: nothing was left out by a cap (the first node of a lockstep round cannot see its
+    peers' last step, so its taken is at most (steps - 1) x prompts)."""
+    from swarm_node.rollouts import peer_group_cap
+
+    path = run_dir / "budget.json"
+    nan = {"peer_groups_offered": math.nan, "peer_groups_taken": math.nan, "peer_cap_bound_steps": math.nan}
+    if not path.exists():
+        return nan
+    budget = json.loads(path.read_text())
+    me = budget.get(node)
+    if me is None or not me["swarm"]:
+        return nan
+    rows = _read_jsonl(run_dir / node / "metrics.jsonl")
+    cap = peer_group_cap(me["prompts_per_step"], me["max_peer_fraction"], me["max_peer_groups_per_step"])
+    steps = len(rows)
+    offered = sum(steps * budget[o]["prompts_per_step"] for o in pair_nodes if o != node and o in budget)
+    return {"peer_groups_offered": float(offered),
+            "peer_groups_taken": sum(r.get("peer_groups", 0.0) for r in rows),
+            "peer_cap_bound_steps": float(sum(1 for r in rows if r.get("peer_groups", 0.0) >= cap))}
+
+
+def curves(rows: list[dict], node: str) -> dict[str, tuple[list[int], list[float]]]:
+    """{accuracy key: (steps, values)} of one node: `accuracy` and every per-skill / OOD accuracy
+    (`evaluation.Evaluator`) present at every evaluation."""
+    mine = sorted((r for r in rows if r["node"] == node), key=lambda r: r["step"])
+    keys = [k for k in (mine[0] if mine else {}) if "accuracy" in k and all(k in r for r in mine)]
+    return {k: ([r["step"] for r in mine], [float(r[k]) for r in mine]) for k in keys}
+
+
 def collect(out: Path, spec: Any) -> dict[str, Any]:
-    """{pair: {arm: {node: {seed: {steps, acc, final, auc, **run_metrics}}}}} over finished runs."""
+    """{pair: {arm: {node: {seed: {steps, acc, final, auc, aucs, finals, **run_metrics}}}}} over
+    finished runs; `aucs` / `finals` hold every accuracy key's AUC / final value (overall, per skill, OOD)."""
     data: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     for pair, arm, seed in spec.runs():
         run_dir = out / "runs" / pair.name / arm.name / f"seed{seed}"
@@ -111,13 +153,30 @@ def collect(out: Path, spec: Any) -> dict[str, Any]:
             continue
         rows = _read_jsonl(run_dir / "evals.jsonl")
         for node in pair.nodes:
-            pts = sorted((r["step"], r["accuracy"]) for r in rows if r["node"] == node)
-            if not pts:
+            by_key = curves(rows, node)
+            if "accuracy" not in by_key:
                 continue
-            steps, acc = [p[0] for p in pts], [p[1] for p in pts]
-            data[pair.name][arm.name][node][seed] = {"steps": steps, "acc": acc, "final": acc[-1],
-                                                     "auc": curve_auc(steps, acc), **run_metrics(run_dir, node)}
+            steps, acc = by_key["accuracy"]
+            data[pair.name][arm.name][node][seed] = {
+                "steps": steps, "acc": acc, "final": acc[-1], "auc": curve_auc(steps, acc),
+                "aucs": {k: curve_auc(st, v) for k, (st, v) in by_key.items()},
+                "curves": {k: v for k, (_, v) in by_key.items()},
+                "finals": {k: v[-1] for k, (_, v) in by_key.items()},
+                **run_metrics(run_dir, node), **peer_offer(run_dir, node, pair.nodes)}
     return data
+
+
+def isolated_runs(data: dict, pair: Any, node: str, spec: Any) -> dict:
+    """The node's isolated runs: of this pair, else of the first pair that ran them (a node's isolated
+    run is the same in every pair: same warm model, training seed and prompts)."""
+    own = data.get(pair.name, {}).get("isolated", {}).get(node, {})
+    if own:
+        return own
+    for other in spec.pairs:
+        runs = data.get(other.name, {}).get("isolated", {}).get(node, {})
+        if runs:
+            return runs
+    return {}
 
 
 def _fmt(m: float, h: float, digits: int = 3) -> str:
@@ -135,19 +194,24 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
     """Per pair/arm/node: intervals of final and AUC, paired differences to `isolated`, peer stats."""
     table: dict = {}
     for pair in spec.pairs:
-        for arm in spec.arms:
+        for arm in spec.pair_arms(pair):
             for node in pair.nodes:
                 runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
                 if not runs:
                     continue
-                iso = data.get(pair.name, {}).get("isolated", {}).get(node, {})
+                iso = isolated_runs(data, pair, node, spec)
                 paired = sorted(s for s in runs if s in iso)
+                keys = sorted(set.intersection(*(set(r.get("aucs", {})) for r in runs.values())))
                 row = {"seeds": sorted(runs),
+                       "aucs": {k: mean_ci([r["aucs"][k] for r in runs.values()]) for k in keys},
+                       "d_aucs": {k: mean_ci([runs[s]["aucs"][k] - iso[s]["aucs"][k] for s in paired
+                                              if k in iso[s].get("aucs", {})]) for k in keys},
                        "final": mean_ci([r["final"] for r in runs.values()]),
                        "auc": mean_ci([r["auc"] for r in runs.values()]),
                        "d_final": mean_ci([runs[s]["final"] - iso[s]["final"] for s in paired]),
                        "d_auc": mean_ci([runs[s]["auc"] - iso[s]["auc"] for s in paired]),
-                       **{k: _finite_mean([r.get(k, math.nan) for r in runs.values()]) for k in PEER_COLUMNS}}
+                       **{k: _finite_mean([r.get(k, math.nan) for r in runs.values()])
+                          for k in (*PEER_COLUMNS, *OFFER_COLUMNS)}}
                 table[f"{pair.name}|{arm.name}|{node}"] = row
     return table
 
@@ -168,6 +232,7 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
              "pi_theta_old/pi_gen over peers' tokens. KL to peers per run (mean over seeds): median of the "
              "steps' medians (p50), median of the steps' 90th percentiles (p90), largest value (max), by the "
              "k3_gen estimator (of KL(pi_gen || pi_theta), unbiased on peers' samples) and the k3_theta form.", ""]
+    lines += fixed_metrics(table, spec)[1]
     for pair in spec.pairs:
         if not any(key.startswith(f"{pair.name}|") for key in table):
             continue  # a pair with no finished run (not run yet, or not chosen)
@@ -176,7 +241,7 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         kl_lines = ["| arm | node | k3_gen p50 | k3_gen p90 | k3_gen max | k3_theta p50 | k3_theta p90 | k3_theta max |",
                     "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for arm in spec.arms:
+        for arm in spec.pair_arms(pair):
             for node in pair.nodes:
                 row = table.get(f"{pair.name}|{arm.name}|{node}")
                 if row is None:
@@ -194,45 +259,33 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
         lines.append("")
         if len(kl_lines) > 2:
             lines += [f"Per-sample KL to peers ({pair.name}):", "", *kl_lines, ""]
+        lines += offer_lines(table, spec, pair)
     return "\n".join(lines)
 
 
-def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(pair.nodes), figsize=(4.2 * len(pair.nodes), 3.2), squeeze=False)
-    for ax, node in zip(axes[0], pair.nodes, strict=True):
-        for arm in spec.arms:
-            runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
-            if not runs:
+def offer_lines(table: dict, spec: Any, pair: Any) -> list[str]:
+    """Whether a peer cap bound (`peer_offer`, per run, mean over seeds), for the swarm arms of a pair."""
+    rows = []
+    for arm in spec.pair_arms(pair):
+        for node in pair.nodes:
+            row = table.get(f"{pair.name}|{arm.name}|{node}")
+            if row is None or math.isnan(row.get("peer_groups_offered", math.nan)):
                 continue
-            steps = min((r["steps"] for r in runs.values()), key=len)
-            stats = [mean_ci([r["acc"][r["steps"].index(s)] for r in runs.values()]) for s in steps]
-            mean = [m for m, _ in stats]
-            half = [0.0 if math.isnan(h) else h for _, h in stats]
-            style = "--" if arm.collaboration == "horizontal" else "-"
-            line, = ax.plot(steps, mean, style, label=arm.name, lw=2.0 if arm.variant in ("isolated", "f-tis") else 1.2)
-            ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
-                            color=line.get_color(), alpha=0.12)
-        ax.set_title(f"{pair.name}: {node}", fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel("held-out accuracy", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
-    plt.close(fig)
+            rows.append(f"| {arm.name} | {node} | {row['peer_groups_offered']:.1f} | {row['peer_groups_taken']:.1f} | "
+                        f"{row['peer_cap_bound_steps']:.1f} |")
+    if not rows:
+        return []
+    return [f"Peer groups per run ({pair.name}, mean over seeds): offered = published by the pair's other nodes, "
+            "taken = trained on, cap-bound steps = steps whose taken groups reached the node's cap (0: no cap bound):",
+            "", "| arm | node | offered | taken | cap-bound steps |", "| --- | --- | --- | --- | --- |", *rows, ""]
 
 
 def write_summary(out: Path, spec: Any) -> dict[str, Any]:
     data = collect(out, spec)
     table = summarise(data, spec)
-    atomic_write_text(out / "summary.json", json.dumps({"table": table, "runs": data}, indent=1, default=str))
+    fixed, _ = fixed_metrics(table, spec)
+    atomic_write_text(out / "summary.json", json.dumps({"metrics": fixed, "table": table, "runs": data}, indent=1,
+                                                      default=str))
     atomic_write_text(out / "summary.md", markdown(table, spec, out))
     for pair in spec.pairs:
         if data.get(pair.name):

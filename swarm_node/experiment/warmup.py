@@ -39,12 +39,15 @@ from swarm_node.tasks.prompts import render_prompt
 
 WARMUP_VERSION = 1  # bump when the construction below changes: cached directories are then rebuilt
 WARMUP_DATA_SEED = 7_777  # the supervised problems come from their own procedural set
+OPS = ("add", "sub")
 
 
 @dataclass(frozen=True)
 class WarmupSpec:
     """What a warm-up is made of. `ops`: which problems it sees ("add", "sub" or both): a specialist
-    warms up on one part of the distribution only."""
+    warms up on one part of the distribution only. `op_weights` (instead of `ops`): the share of each
+    operation among its level-1/2 problems, e.g. (("add", 0.9), ("sub", 0.1)): a complementary
+    specialist that sees its weak skill a little (`warmup_problems` hits the shares exactly)."""
 
     base: str  # a tiny-random spec, or a model name `model.name` accepts (full fine-tuning)
     levels: tuple[int, ...] = (1,)
@@ -56,6 +59,14 @@ class WarmupSpec:
     system_prompt: str | None = None
     extra: dict = field(default_factory=dict)  # reserved; part of the cache name
     data_seed: int | None = None  # the supervised problems' seed (None: `seed`)
+    op_weights: tuple[tuple[str, float], ...] | None = None  # (op, weight) pairs; None: `ops` decides
+
+    def __post_init__(self) -> None:
+        if self.op_weights is not None:
+            bad = [op for op, w in self.op_weights if op not in OPS or w < 0]
+            if bad or not sum(w for _, w in self.op_weights) > 0:
+                raise ValueError(f"warm-up op_weights must map {OPS} to weights >= 0 with a positive sum, "
+                                 f"got {dict(self.op_weights)}")
 
     @property
     def pool_seed(self) -> int:
@@ -64,6 +75,8 @@ class WarmupSpec:
     def cache_name(self) -> str:
         fields_ = asdict(self)
         del fields_["data_seed"]  # named only when it differs from `seed`: older names stay valid
+        if fields_["op_weights"] is None:
+            del fields_["op_weights"]  # likewise: only a weighted warm-up names its weights
         if self.pool_seed != self.seed:
             fields_["data_seed"] = self.pool_seed
         payload = json.dumps({**fields_, "version": WARMUP_VERSION}, sort_keys=True)
@@ -78,18 +91,40 @@ def problem_op(problem: Problem) -> str:
     return "sub"
 
 
+def op_quotas(spec: WarmupSpec, count: int) -> dict[str, int] | None:
+    """How many of `count` level-1/2 problems each operation gets under `op_weights` (largest
+    remainders, so the counts add up to `count`), or None without weights."""
+    if spec.op_weights is None:
+        return None
+    total = sum(w for _, w in spec.op_weights)
+    exact = {op: count * w / total for op, w in spec.op_weights}
+    quotas = {op: int(x) for op, x in exact.items()}
+    for op in sorted(exact, key=lambda o: quotas[o] - exact[o])[: count - sum(quotas.values())]:
+        quotas[op] += 1
+    return quotas
+
+
 def warmup_problems(spec: WarmupSpec, count: int) -> list[Problem]:
-    """`count` supervised problems of the spec's levels and operations (deterministic)."""
+    """`count` supervised problems of the spec's levels and operations (deterministic): with
+    `op_weights`, exactly each operation's share (levels 1-2; other levels have no such split)."""
     out: list[Problem] = []
+    quotas = op_quotas(spec, count)
     i = 0
     while len(out) < count:
         level = spec.levels[i % len(spec.levels)]
         p = arithmetic_problem(WARMUP_DATA_SEED + spec.pool_seed, level, i)
         i += 1
-        if level > 2 or problem_op(p) in spec.ops:
+        op = problem_op(p) if level <= 2 else None
+        if op is None:
+            out.append(p)
+        elif quotas is not None:
+            if quotas.get(op, 0) > 0:
+                quotas[op] -= 1
+                out.append(p)
+        elif op in spec.ops:
             out.append(p)
         if i > 50 * count + 1000:
-            raise ValueError(f"warm-up ops {spec.ops} match no problems of levels {spec.levels}")
+            raise ValueError(f"warm-up ops {spec.ops} / op_weights {spec.op_weights} match no problems of levels {spec.levels}")
     return out
 
 

@@ -1,0 +1,62 @@
+"""The grid's plots: per pair, one panel per node and metric (rows: overall held-out accuracy, then the
+file's primary metric when it is another one, e.g. accuracy on the node's weak skill), one line per
+arm, band = 95% t interval over seeds."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from swarm_node.atomic import atomic_write_with
+from swarm_node.experiment.primary import metric_key
+
+
+def _curve(runs: dict, key: str) -> tuple[list[int], list[tuple[float, float]]] | None:
+    """(steps, [(mean, half width)]) of `key` over the seeds' runs; None when a run lacks it."""
+    from swarm_node.experiment.summary import mean_ci
+
+    if not all(key in r.get("curves", {"accuracy": r["acc"]}) for r in runs.values()):
+        return None
+    steps = min((r["steps"] for r in runs.values()), key=len)
+    vals = {s: r.get("curves", {"accuracy": r["acc"]})[key] for s, r in runs.items()}
+    return steps, [mean_ci([vals[s][r["steps"].index(st)] for s, r in runs.items()]) for st in steps]
+
+
+def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = ["overall"] + ([spec.metrics.primary] if spec.metrics.primary != "overall" else [])
+    fig, axes = plt.subplots(len(metrics), len(pair.nodes), figsize=(4.2 * len(pair.nodes), 3.2 * len(metrics)),
+                             squeeze=False)
+    for row, metric in enumerate(metrics):
+        for ax, node in zip(axes[row], pair.nodes, strict=True):
+            key = metric_key(spec, node, metric)
+            for arm in spec.pair_arms(pair):
+                runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
+                curve = _curve(runs, key) if runs and key else None
+                if curve is None:
+                    continue
+                steps, stats = curve
+                mean = [m for m, _ in stats]
+                half = [0.0 if math.isnan(h) else h for _, h in stats]
+                style = "--" if arm.collaboration == "horizontal" else "-"
+                line, = ax.plot(steps, mean, style, label=arm.name,
+                                lw=2.0 if arm.variant in ("isolated", "f-tis") else 1.2)
+                ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                                color=line.get_color(), alpha=0.12)
+            ax.set_title(f"{pair.name}: {node}", fontsize=9)
+            ax.set_xlabel("step", fontsize=8)
+            ax.set_ylabel("held-out accuracy" if key == "accuracy" else f"{key}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+        drawn = [ax for ax in axes[row] if ax.get_legend_handles_labels()[0]]
+        if drawn:  # a node without a weak skill has no primary-metric curve
+            drawn[-1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
+    plt.close(fig)

@@ -1,0 +1,114 @@
+"""Pre-check of a specialist sandbox (`swarm-node experiment FILE --check`): before any grid runs, do a
+peer's correct samples on a node's weak skill survive the node's filters?
+
+For every pair that has a swarm arm, and every node of it with a `weak_skill`, each other node of
+the pair (the peer) samples G completions (its own generation config and temperature, as in the
+grid) for `prompts` problems of the node's weak skill from the node's training set; the correct ones
+are scored by the node's warm model (at the node's own temperature, as the trainer does) and we
+report, against the node's objective config (the swarm arm's):
+
+    kl_p50        median per-sample KL (`objective.kl_estimator`, reduced by `kl_reduction`): to compare with g
+    weight_p50    median token weight min(rho, C), rho = pi_theta / pi_gen, over every token of those samples
+    survive       kl_p50 < g and weight_p50 > WEIGHT_FLOOR
+
+A direction whose peer has no weak skill itself (a stranger) is reported but not required.
+
+Everything runs on the warm models of one seed (the first), in seconds on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WEIGHT_FLOOR = 0.1
+
+
+def _swarm_arm(spec: Any, pair: Any) -> Any | None:
+    arms = [a for a in spec.pair_arms(pair) if a.variant != "isolated"]
+    return next((a for a in arms if a.variant == "f-tis"), arms[0] if arms else None)
+
+
+def _weak_problems(cfg: Any, skill: str, count: int) -> list:
+    from swarm_node.experiment.evaluation import skill_of
+    from swarm_node.tasks import load_prompt_set
+
+    problems = [p for p in load_prompt_set(cfg.task).problems if skill_of(p) == skill]
+    return problems[:count]
+
+
+@torch.no_grad()
+def check_direction(node_cfg: Any, peer_cfg: Any, skill: str, prompts: int, seed: int) -> dict[str, Any]:
+    """The numbers of one (node, peer) direction (module docstring)."""
+    from swarm_node.kl import per_sample_kl
+    from swarm_node.policy.generation import HFGenerator
+    from swarm_node.policy.models import load_policy
+    from swarm_node.policy.scoring import padded_batch, token_logprobs
+    from swarm_node.tasks import make_reward_fn, render_prompt
+
+    node = load_policy(node_cfg.model, seed=node_cfg.train.seed)
+    peer = load_policy(peer_cfg.model, seed=peer_cfg.train.seed)
+    problems = _weak_problems(node_cfg, skill, prompts)
+    task = node_cfg.task
+    prompt_ids = [render_prompt(peer.tokenizer, p.question, task.system_prompt, task.worked_example) for p in problems]
+    groups = HFGenerator(peer, peer_cfg.generation, seed).generate(prompt_ids, peer_cfg.generation.group_size)
+    reward_fn = make_reward_fn(task, "number", format_reward=0.0)
+    try:
+        kept = [(pid, c) for p, pid, group in zip(problems, prompt_ids, groups, strict=True) for c in group
+                if reward_fn.score(peer.tokenizer.decode(c.token_ids, skip_special_tokens=True), p).correct]
+    finally:
+        reward_fn.close()
+    total = sum(len(g) for g in groups)
+    out: dict[str, Any] = {"peer_samples": total, "peer_correct": len(kept),
+                           "peer_accuracy": len(kept) / total if total else math.nan}
+    kept = [(pid, c) for pid, c in kept if len(c.token_ids) > 0]
+    if not kept:
+        return {**out, "kl_p50": math.nan, "weight_p50": math.nan, "survive": False}
+    theta = token_logprobs(node.model, [pid for pid, _ in kept], [c.token_ids for _, c in kept],
+                           node_cfg.generation.temperature, node_cfg.train.micro_batch_size)
+    theta_lp, mask = padded_batch(theta)  # [B, T]
+    gen_lp, _ = padded_batch([torch.as_tensor(c.logprobs, dtype=torch.float32) for _, c in kept])  # [B, T]
+    obj = node_cfg.objective
+    kl = per_sample_kl(theta_lp, gen_lp, mask, reduction=obj.kl_reduction, estimator=obj.kl_estimator)  # [B]
+    weights = torch.exp((theta_lp - gen_lp).clamp(-20, 20)).clamp(max=obj.truncation_c)[mask]  # valid tokens
+    kl_p50, w_p50 = statistics.median(kl.tolist()), statistics.median(weights.tolist())
+    return {**out, "kl_p50": kl_p50, "kl_p90": sorted(kl.tolist())[int(0.9 * (len(kl) - 1))],
+            "kl_flagged": sum(v > obj.kl_threshold for v in kl.tolist()) / len(kl),
+            "weight_p50": w_p50, "g": obj.kl_threshold, "estimator": obj.kl_estimator, "reduction": obj.kl_reduction,
+            "C": obj.truncation_c, "survive": kl_p50 < obj.kl_threshold and w_p50 > WEIGHT_FLOOR}
+
+
+def run_precheck(spec: Any, log: Callable[[str], None] = print, prompts: int = 32) -> list[dict[str, Any]]:
+    """Every (pair, node with a weak skill, peer) direction of the spec, on the first seed's warm models."""
+    from swarm_node.experiment.grid import prepare_models
+    from swarm_node.experiment.spec import node_config
+
+    seed = spec.experiment.seeds[0]
+    models = prepare_models(spec, log, seeds=[seed])
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for pair in spec.pairs:
+            arm = _swarm_arm(spec, pair)
+            if arm is None:
+                continue
+            cfgs = {n: node_config(spec, spec.node(n), arm, seed, spec.nodes.index(spec.node(n)), Path(tmp) / n,
+                                   models[(n, seed)], pair_size=len(pair.nodes)) for n in pair.nodes}
+            for name in pair.nodes:
+                skill = spec.node(name).weak_skill
+                for peer in (p for p in pair.nodes if p != name and skill is not None):
+                    r = check_direction(cfgs[name], cfgs[peer], skill, prompts, seed)
+                    # required: a peer that is itself a specialist (has a weak skill); a stranger is informational
+                    required = spec.node(peer).weak_skill is not None
+                    rows.append({"pair": pair.name, "arm": arm.name, "node": name, "peer": peer, "skill": skill,
+                                 "required": required, **r})
+                    log(f"{pair.name}: {peer} -> {name} on {skill}: peer correct {r['peer_correct']}/{r['peer_samples']}, "
+                        f"median KL {r['kl_p50']:.3g} (g = {r.get('g', math.nan)}), median min(rho, C) "
+                        f"{r['weight_p50']:.3g} (> {WEIGHT_FLOOR}): {'survive' if r['survive'] else 'DO NOT survive'}"
+                        f"{'' if required else ' (informational: the peer is a stranger)'}")
+    return rows

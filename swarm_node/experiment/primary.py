@@ -1,0 +1,94 @@
+"""The experiment file's fixed metrics (`[metrics]`), read from the summary table and shown first.
+
+Each metric is, per pair, arm and node, the paired (by seed) difference of an AUC to the node's
+isolated arm, mean and 95% Student-t interval over seeds (`summary.summarise`'s `d_aucs`):
+
+    weak_skill   AUC of held-out accuracy on the node's `weak_skill` problems (`accuracy_<skill>`)
+    overall      AUC of held-out accuracy on the whole set (`accuracy`)
+    ood          AUC of accuracy on the out-of-distribution set (`ood_accuracy`)
+
+An interval "clears 0" when its lower end is above 0 (gain) or its upper end below 0 (loss); a
+single seed (no interval) clears nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+Metric = Literal["weak_skill", "overall", "ood"]
+LABELS = {"weak_skill": "Δ AUC on the node's weak skill", "overall": "Δ AUC overall (whole held-out set)",
+          "ood": "Δ AUC out of distribution"}
+
+
+def metric_key(spec: Any, node: str, metric: Metric) -> str | None:
+    """The evals.jsonl accuracy key a metric reads for `node` (None: the node has no weak skill)."""
+    if metric == "overall":
+        return "accuracy"
+    if metric == "ood":
+        return "ood_accuracy"
+    weak = spec.node(node).weak_skill
+    return None if weak is None else f"accuracy_{weak}"
+
+
+def verdict(mean: float, half: float) -> str:
+    """'gain' / 'loss' when the 95% interval lies above / below 0, else 'no' ('-' without an interval)."""
+    if math.isnan(mean) or math.isnan(half):
+        return "-"
+    if mean - half > 0:
+        return "gain"
+    if mean + half < 0:
+        return "loss"
+    return "no"
+
+
+def metric_rows(table: dict, spec: Any, metric: Metric) -> list[dict[str, Any]]:
+    """One row per (pair, swarm or reference arm, node) with the metric's paired Δ AUC and verdict."""
+    out = []
+    for pair in spec.pairs:
+        for arm in spec.pair_arms(pair):
+            if arm.name == "isolated":
+                continue
+            for node in pair.nodes:
+                row, key = table.get(f"{pair.name}|{arm.name}|{node}"), metric_key(spec, node, metric)
+                if row is None or key is None or key not in row.get("d_aucs", {}):
+                    continue
+                mean, half = row["d_aucs"][key]
+                out.append({"pair": pair.name, "arm": arm.name, "own_budget": arm.own_budget, "node": node,
+                            "key": key, "d_auc": mean,
+                            "half": half, "auc": row["aucs"][key][0], "n": len(row["seeds"]),
+                            "verdict": verdict(mean, half)})
+    return out
+
+
+def _fmt(m: float, h: float) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:+.3f}" if math.isnan(h) else f"{m:+.3f} ± {h:.3f}"
+
+
+def metric_markdown(rows: list[dict[str, Any]], metric: Metric, primary: bool) -> list[str]:
+    title = f"{'Primary' if primary else 'Secondary'}: {LABELS[metric]}"
+    lines = [f"## {title}", "", "Own budget: own-generation budget relative to the isolated arm (every swarm arm 1x; "
+             "isolated-2x: twice the own prompts per step, no peers).", "",
+             "| pair | arm | own budget | node | metric | AUC | Δ AUC vs isolated | clears 0 | n |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['pair']} | {r['arm']} | {r['own_budget']}x | {r['node']} | {r['key']} | {r['auc']:.3f} | "
+              f"{_fmt(r['d_auc'], r['half'])} | {r['verdict']} | {r['n']} |" for r in rows]
+    gains = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "gain"]
+    losses = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "loss"]
+    lines += ["", f"Intervals above 0: {', '.join(gains) or 'none'}. Below 0: {', '.join(losses) or 'none'}.", ""]
+    return lines
+
+
+def fixed_metrics(table: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
+    """({"primary": {metric, rows}, "secondary": [...]}, markdown lines): primary first."""
+    m = spec.metrics
+    primary = {"metric": m.primary, "rows": metric_rows(table, spec, m.primary)}
+    secondary = [{"metric": s, "rows": metric_rows(table, spec, s)} for s in m.secondary]
+    lines = metric_markdown(primary["rows"], m.primary, True)
+    if m.note:
+        lines[1:1] = ["", f"Fixed before the grid ran: {m.note}"]
+    for s in secondary:
+        lines += metric_markdown(s["rows"], s["metric"], False)
+    return {"primary": primary, "secondary": secondary}, lines
