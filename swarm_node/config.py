@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from swarm_node.toml_text import _to_toml, apply_override  # noqa: F401 (apply_override: importable from here too)
+
 LossVariant = Literal["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
 
 
@@ -374,51 +376,3 @@ class NodeConfig(_Section):
 
     def dump_toml(self) -> str:
         return _to_toml(self.model_dump(mode="json", exclude_none=True))
-
-
-def apply_override(data: dict[str, Any], item: str) -> None:
-    """Apply one `a.b.c=value` override to a nested dict. The value is parsed as TOML, else kept as a string."""
-    if "=" not in item:
-        raise ValueError(f"override {item!r} is not of the form section.field=value")
-    key, raw = item.split("=", 1)
-    parts = key.strip().split(".")
-    if not all(parts):
-        raise ValueError(f"override {item!r} has an empty key part")
-    try:
-        value = tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError as e:
-        if raw.strip()[:1] in ("\"", "'", "[", "{"):
-            raise ValueError(f"override {item!r}: the value is not valid TOML ({e})") from e
-        value = raw  # a bare word: taken as a string
-    node = data
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ValueError(f"override {item!r}: {p!r} is not a section")
-    node[parts[-1]] = value
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    out = []
-    if scalars:
-        if prefix:
-            out.append(f"[{prefix}]")
-        out.extend(scalars)
-        out.append("")
-    for k, v in data.items():
-        if isinstance(v, dict):
-            out.append(_to_toml(v, f"{prefix}.{k}" if prefix else k))
-    return "\n".join(out)

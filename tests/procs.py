@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.config import _to_toml
+from swarm_node.toml_text import _to_toml
 
 TINY_MODEL = "tiny-random:64x1:a"
 

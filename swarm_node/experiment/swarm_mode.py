@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm_node.atomic import atomic_write_text
-from swarm_node.config import NodeConfig, _to_toml, _toml_value
+from swarm_node.config import NodeConfig
+from swarm_node.toml_text import _to_toml, _toml_value
 from swarm_node.experiment.lockstep import eval_steps
 
 PER_PROCESS = ("node_dir",)  # `swarm-node local` fills these in itself
