@@ -270,13 +270,14 @@ class Attacker:
         before the binding, assigns an easy prompt, and publish groups on it at those versions, in
         every window peers read (created_at in each), for identities whose window assignments in
         that band do not hold the prompt (where one does, the prompt is simply theirs)."""
-        n, size, ws = ctx["prompts_per_step"], ctx["set_size"], ctx["window_seconds"]
-        band = range(window - ctx["staleness_windows"], window + 1)
+        n, size, ws, stale = ctx["prompts_per_step"], ctx["set_size"], ctx["window_seconds"], ctx["staleness_windows"]
         tries, published, accepted = 0, 0, 0
         for _ in range(2):
             ident = Identity()
             identities.append(ident.peer_id)
-            legit = {i for w in band for i in self.assigned(ident, ctx, w)}
+            # Not assigned in any window the groups may land in (one more than the tolerance: the
+            # grinding and the stores take time, and the live window is taken again before publishing).
+            legit = {i for w in range(window - stale, window + 2) for i in self.assigned(ident, ctx, w)}
             target = next(i for i in ctx["easy_indices"] if i not in legit)
             versions, v = [], 1000
             while len(versions) < ctx["groups_per_identity"]:
@@ -284,8 +285,10 @@ class Attacker:
                 if target in select_prompts(ident.peer_id, v, n, size, salt=ctx["swarm"]):
                     versions.append(v)
                 v += 1
-            for w in band:  # the same ground versions stamped in each window of the tolerance
-                created = ctx["now"] - (window - w) * ws
+            now = get_dht_time()  # windows are a few seconds long: stamp the groups in the live ones
+            live = keys.window_of(now, ws)
+            for w in range(max(live - stale, window - stale), min(live, window + 1) + 1):
+                created = now - (live - w) * ws  # the same ground versions in each window of the tolerance
                 groups = [self.group(ident, ctx, v, index=target, seed=v + 7919 * w, created_at=created)
                           for v in versions]
                 accepted += self.publish(ident, ctx, groups, w)["index_accepted"] > 0

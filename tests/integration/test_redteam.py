@@ -240,8 +240,9 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def run_attack(redteam, name: str, raw: dict | None = None) -> dict:
-    """The attack's summary; `raw` (optional) receives the attacker's answer, identities included."""
+def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK_ROUNDS) -> dict:
+    """The attack's summary over `rounds` rounds after the attack; `raw` (optional) receives the
+    attacker's answer, identities included."""
     nodes, attacker, ctx, boot = redteam
     before = _rounds(nodes, BASELINE_ROUNDS)
     drops0, refused0 = _drops(nodes), _dht_refusals(nodes, boot)
@@ -249,7 +250,7 @@ def run_attack(redteam, name: str, raw: dict | None = None) -> dict:
     assert "error" not in attack, attack
     if raw is not None:
         raw.update(attack)
-    during = _rounds(nodes, ATTACK_ROUNDS)
+    during = _rounds(nodes, rounds)
     summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack)
     summary["dht_refused"] = _delta(_dht_refusals(nodes, boot), refused0)
     if os.environ.get("REDTEAM_REPORT"):
@@ -314,15 +315,22 @@ def test_version_grinding_takes_nothing_and_honest_rates_pass(redteam) -> None:
     """Issue 21: groups on an easy prompt at ground policy versions (which the rule before the prompt
     binding accepted), stamped in every window peers read, give the attacker no sample; the honest
     nodes, then one of them stepping 5x as often as the other, lose no group to the binding."""
-    nodes, _, _, _ = redteam
+    nodes, _, ctx, _ = redteam
     honest = {h.peer_id for h in nodes}
-    marks = [len(h.verdicts) for h in nodes]
-    raw: dict = {}
-    s = run_attack(redteam, "version_grinding", raw)
+    # The flood (the attack before this one) fills two windows' index keys with 64 KiB records; while
+    # peers still read those windows their gathers can come back empty (seen: no drop and no honest
+    # sample in a whole round). Start once every window peers read is past them.
+    time.sleep((ctx["staleness_windows"] + 2) * ctx["window_seconds"])
+    for _attempt in range(3):  # gathers are best-effort: an attack no gather read is made again
+        marks = [len(h.verdicts) for h in nodes]
+        raw: dict = {}
+        s = run_attack(redteam, "version_grinding", raw, rounds=2 * ATTACK_ROUNDS)  # the ground groups sit in 3 windows
+        assert s["attacker_samples"] == 0 and s["attacker"]["ground_groups"] >= 8, s
+        grinders = set(raw["identities"])
+        verdicts = [r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:] if o in grinders]
+        if verdicts:
+            break
     check_bounded(s, "wrong_prompt")
-    assert s["attacker_samples"] == 0 and s["attacker"]["ground_groups"] >= 8, s
-    grinders = set(raw["identities"])
-    verdicts = [r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:] if o in grinders]
     assert verdicts and set(verdicts) == {"wrong_prompt"}, verdicts
     fast, slow = nodes
     phase = [len(h.verdicts) for h in nodes]
@@ -350,6 +358,10 @@ def test_version_grinding_takes_nothing_and_honest_rates_pass(redteam) -> None:
                       "honest_drops_in_suite": [sorted(Counter(r for o, r in h.verdicts if o in honest and r).items())
                                                 for h in nodes]}))
     assert not lost, lost
-    # The exchange is sampled and best-effort (fetch timeouts under load count as weather): groups
-    # must flow both ways, not in every step.
-    assert took_fast >= 2 and took_slow >= 1
+    # The exchange is sampled and best-effort (fetch timeouts under load count as weather): in the
+    # 5x phase each node admits groups of the other (verdict None: through the binding and every
+    # other check), and some of them reach training; not in every step.
+    admitted_by_slow = sum(1 for o, r in slow.verdicts[phase[1]:] if o == fast.peer_id and r is None)
+    admitted_by_fast = sum(1 for o, r in fast.verdicts[phase[0]:] if o == slow.peer_id and r is None)
+    assert admitted_by_slow >= 1 and admitted_by_fast >= 1, (admitted_by_slow, admitted_by_fast)
+    assert took_fast >= 1 and took_slow >= 1, (took_fast, took_slow)
