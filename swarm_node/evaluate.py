@@ -34,18 +34,6 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded input ids [B, L] and attention mask [B, L] (1 on real tokens)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, p in enumerate(prompts):
-        if p:
-            ids[row, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[row, width - len(p):] = 1
-    return ids, mask
-
-
 def trim_completion(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], bool]:
     """Tokens up to and including the first stop token, and whether one was found."""
     stops = set(stop_ids)
@@ -67,13 +55,14 @@ def shared_prefix_len(prompts: Sequence[Sequence[int]]) -> int:
     n = 0
     while n < limit and all(p[n] == first[n] for p in prompts):
         n += 1
-    return max(n, 0)
+    return n
 
 
 def prefix_then_pad(prompts: Sequence[Sequence[int]], prefix_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Input ids [B, P + W] and attention mask: the shared prefix (P tokens), then padding, then each
-    prompt's own suffix, so every suffix ends at the last column and the prefix sits at the same
-    positions in every row (its keys and values can be computed once)."""
+    """Input ids [B, P + W] and attention mask (1 on real tokens): the shared prefix (P tokens), then
+    padding, then each prompt's own suffix, so every suffix ends at the last column and the prefix
+    sits at the same positions in every row (its keys and values can be computed once). With
+    `prefix_len` 0 this is plain left padding (`left_pad`)."""
     suffixes = [list(p[prefix_len:]) for p in prompts]
     width = max(len(s) for s in suffixes)
     prefix = list(prompts[0][:prefix_len])
@@ -82,9 +71,15 @@ def prefix_then_pad(prompts: Sequence[Sequence[int]], prefix_len: int, pad_id: i
     for row, s in enumerate(suffixes):
         ids[row, :prefix_len] = torch.tensor(prefix, dtype=torch.long)
         mask[row, :prefix_len] = 1
-        ids[row, prefix_len + width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[row, prefix_len + width - len(s):] = 1
+        if s:
+            ids[row, prefix_len + width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[row, prefix_len + width - len(s):] = 1
     return ids, mask
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded input ids [B, L] and attention mask [B, L] (1 on real tokens)."""
+    return prefix_then_pad(prompts, 0, pad_id)
 
 
 @torch.no_grad()
@@ -101,14 +96,13 @@ def generate_greedy(
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     shared = shared_prefix_len(prompts) if share_prefix and len(prompts) > 1 else 0
+    shared = shared if shared >= MIN_SHARED_PREFIX else 0
+    ids, mask = prefix_then_pad(prompts, shared, pad_id)  # [B, P + W]; P = 0: plain left padding
     kwargs: dict[str, Any] = {}
-    if shared >= MIN_SHARED_PREFIX:
-        ids, mask = prefix_then_pad(prompts, shared, pad_id)  # [B, P + W]
+    if shared:
         cache = model(input_ids=ids[:1, :shared].to(device), use_cache=True).past_key_values  # [1, P] keys/values
         cache.batch_repeat_interleave(len(prompts))
         kwargs["past_key_values"] = cache
-    else:
-        ids, mask = left_pad(prompts, pad_id)  # [B, L]
     out = model.generate(
         input_ids=ids.to(device),
         attention_mask=mask.to(device),

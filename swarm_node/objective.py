@@ -186,6 +186,11 @@ def drop(bad_adv: Tensor, bad_kl: Tensor, cfg: ObjectiveConfig) -> Tensor:
     return bad_adv | bad_kl if cfg.filter_rule == "or" else bad_adv & bad_kl
 
 
+def _dropped_without_kl(bad_adv: Tensor, cfg: ObjectiveConfig) -> Tensor:
+    """[B] bool: what the rule drops when no KL is known (taken as not above g)."""
+    return drop(bad_adv, torch.zeros_like(bad_adv), cfg)
+
+
 def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
     """[B] bool: samples whose objective term can have a nonzero gradient.
 
@@ -194,8 +199,7 @@ def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) 
     `or` rule does) contributes exactly nothing, whatever its logprobs; the KL condition needs
     logprobs and is not decided here (under `and` a sample with A < 0 is kept unless its KL > g).
     """
-    no_kl = torch.zeros_like(is_peer)
-    return (advantages != 0) & ~drop(advantage_filter(advantages, is_peer, cfg), no_kl, cfg)
+    return (advantages != 0) & ~_dropped_without_kl(advantage_filter(advantages, is_peer, cfg), cfg)
 
 
 def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> ObjectiveStats:
@@ -207,7 +211,7 @@ def unscored_stats(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) ->
     """
     f64 = torch.float64
     bad_adv = advantage_filter(advantages, is_peer, cfg)
-    dropped = drop(bad_adv, torch.zeros_like(bad_adv), cfg)
+    dropped = _dropped_without_kl(bad_adv, cfg)
     stats = ObjectiveStats.empty()
     stats.n_samples = torch.tensor(float(advantages.shape[0]), dtype=f64)
     stats.n_peer_samples = is_peer.sum().to(f64).cpu()
