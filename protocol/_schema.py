@@ -5,14 +5,20 @@ what a peer would refuse; `from_wire` does the reverse on an unpacked body, chec
 length and count and raising ProtocolError with the field path. The protocol version travels in
 the frame header, not in the body.
 
-Bodies:
+Bodies (version 2; version 1 differs where noted):
     RolloutGroup      [swarm_id, sender, model_id, model_revision, tokenizer_fingerprint,
                        policy_version, created_at, [prompt_set_id, index, sha256],
                        [temperature, top_p, max_new_tokens],
                        [[n_tokens, n_logprobs, finish_reason, claimed_reward], ...],
                        token_bytes (<u4, all completions), logprob_bytes (<f4, all completions)]
+                      and, only when some completion carries text (never in version 1), each
+                      completion head gains [..., n_text_bytes, n_pieces] and the body two fields:
+                       text_bytes (UTF-8, all completions' texts concatenated),
+                       piece_bytes (<u2, all completions' piece lengths concatenated)
+                      so a group without text has exactly the version-1 body.
     RolloutIndex      [sender, window, [[[digest, ...], size, prompt_index, policy_version, created_at], ...]]
-    NodeStatus        [peer_id, role, model_id, step, timestamp, [maddr, ...], {metric: value}]
+    NodeStatus        [peer_id, role, model_id, step, timestamp, [maddr, ...], {metric: value},
+                       tokenizer_fingerprint]  (version 1: without tokenizer_fingerprint)
     PromptSetManifest [prompt_set_id, name, answer_kind, num_problems, [digest, ...],
                        owner_public_key, created_at, signature]
     PromptChunk       [[[index, question, answer], ...]]
@@ -99,6 +105,22 @@ def unshuffle(buf: bytes, dtype: str, width: int = 4) -> np.ndarray:
     return planes.T.copy().view(dtype).reshape(-1)
 
 
+GROUP_FIELDS = 12  # a group body without text
+GROUP_FIELDS_WITH_TEXT = 14
+TAIL_WIDTHS = {GROUP_FIELDS: (4, 4), GROUP_FIELDS_WITH_TEXT: (4, 4, 1, 2)}
+"""Item widths of the byte strings that end a group body of each length (tokens, logprobs[, text,
+pieces]): the codec ends a zstd block at each byte plane of them (width 1: one plane)."""
+
+
+def _text_bytes(text: str) -> bytes:
+    """UTF-8 of a completion's text; lone surrogates U+DC80-U+DCFF stand for the undecodable bytes
+    of a received text (see messages.Completion), so a decoded group re-encodes byte for byte."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as e:
+        raise ProtocolError(f"text: cannot be written as UTF-8 ({e.reason})") from e
+
+
 def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
     """The msgpack-ready body of `msg` (checked against `limits`)."""
     s, t = limits.max_string_len, limits.max_text_len
@@ -115,11 +137,17 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
     if isinstance(msg, NodeStatus):
         if len(msg.metrics) > limits.max_metrics:
             raise ProtocolError(f"metrics: {len(msg.metrics)} entries exceeds {limits.max_metrics}")
-        return [_str(msg.peer_id, "peer_id", s), _str(msg.role, "role", s), _str(msg.model_id, "model_id", s),
+        body = [_str(msg.peer_id, "peer_id", s), _str(msg.role, "role", s), _str(msg.model_id, "model_id", s),
                 _int(msg.step, "step"), _float(msg.timestamp, "timestamp", False),
                 [_str(m, "maddr", s) for m in _seq(msg.maddrs, "maddrs", limits.max_maddrs)],
                 {_str(k, "metric key", limits.max_metric_key_len): _float(v, f"metrics[{k}]", False)
                  for k, v in sorted(msg.metrics.items())}]
+        fingerprint = _str(msg.tokenizer_fingerprint, "tokenizer_fingerprint", s)
+        if msg.protocol_version == 1:
+            if fingerprint:
+                raise ProtocolError("a version-1 status record cannot carry a tokenizer fingerprint")
+            return body
+        return [*body, fingerprint]
     if isinstance(msg, PromptSetManifest):
         b = limits.max_bytes_len
         return [_str(msg.prompt_set_id, "prompt_set_id", s), _str(msg.name, "name", s),
@@ -142,7 +170,7 @@ def _group_to_wire(g: RolloutGroup, limits: Limits, shuffle: bool) -> list[Any]:
         if not isinstance(c, Completion):
             raise ProtocolError(f"completions: expected Completion, got {type(c).__name__}")
         n_tok, n_lp = int(c.token_ids.shape[0]), int(c.logprobs.shape[0])
-        if max(n_tok, n_lp) > limits.max_tokens_per_completion:
+        if max(n_tok, n_lp, int(c.piece_bytes.shape[0])) > limits.max_tokens_per_completion:
             raise ProtocolError(f"completion of {max(n_tok, n_lp)} tokens exceeds {limits.max_tokens_per_completion}")
         total += max(n_tok, n_lp)
         heads.append([n_tok, n_lp, _str(c.finish_reason, "finish_reason", s),
@@ -153,6 +181,15 @@ def _group_to_wire(g: RolloutGroup, limits: Limits, shuffle: bool) -> list[Any]:
     logprobs = b"".join(c.logprobs.astype("<f4", copy=False).tobytes() for c in comps)
     if shuffle:
         tokens, logprobs = shuffle_bytes(tokens), shuffle_bytes(logprobs)
+    tail: list[Any] = [tokens, logprobs]
+    if any(c.has_text for c in comps):
+        if g.protocol_version == 1:
+            raise ProtocolError("a version-1 group cannot carry completion text")
+        texts = [_text_bytes(c.text) for c in comps]
+        for head, c, text in zip(heads, comps, texts):
+            head += [len(text), int(c.piece_bytes.shape[0])]
+        pieces = b"".join(c.piece_bytes.astype("<u2", copy=False).tobytes() for c in comps)
+        tail += [b"".join(texts), shuffle_bytes(pieces, 2) if shuffle else pieces]
     p, sp = g.prompt, g.sampling
     if not isinstance(p, PromptRef) or not isinstance(sp, SamplingParams):
         raise ProtocolError("prompt must be a PromptRef and sampling a SamplingParams")
@@ -163,7 +200,7 @@ def _group_to_wire(g: RolloutGroup, limits: Limits, shuffle: bool) -> list[Any]:
         [_str(p.prompt_set_id, "prompt_set_id", s), _int(p.index, "prompt index"), _str(p.sha256, "sha256", s)],
         [_float(sp.temperature, "temperature", False), _float(sp.top_p, "top_p", False),
          _int(sp.max_new_tokens, "max_new_tokens")],
-        heads, tokens, logprobs,
+        heads, *tail,
     ]
 
 
@@ -186,7 +223,8 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
         return RolloutIndex(protocol_version=version, sender=_str(sender, "sender", s),
                             window=_int(window, "window"), entries=tuple(out))
     if kind == "NODE_STATUS":
-        peer_id, role, model_id, step, timestamp, maddrs, metrics = _seq(obj, "NodeStatus", 7, exact=7)
+        n_fields = 7 if version == 1 else 8
+        peer_id, role, model_id, step, timestamp, maddrs, metrics, *rest = _seq(obj, "NodeStatus", 8, exact=n_fields)
         if not isinstance(metrics, dict):
             raise ProtocolError(f"metrics: expected map, got {type(metrics).__name__}")
         if len(metrics) > limits.max_metrics:
@@ -198,6 +236,7 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
             maddrs=tuple(_str(m, "maddr", s) for m in _seq(maddrs, "maddrs", limits.max_maddrs)),
             metrics={_str(k, "metric key", limits.max_metric_key_len): _float(v, "metric value", True)
                      for k, v in metrics.items()},
+            tokenizer_fingerprint=_str(rest[0], "tokenizer_fingerprint", s) if rest else "",
         )
     if kind == "PROMPT_SET_MANIFEST":
         ps_id, name, answer_kind, num, digests, owner, created_at, sig = _seq(obj, "PromptSetManifest", 8, exact=8)
@@ -220,16 +259,20 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
 
 def _group_from_wire(obj: Any, version: int, limits: Limits, shuffled: bool) -> RolloutGroup:
     s = limits.max_string_len
+    body = _seq(obj, "RolloutGroup", GROUP_FIELDS_WITH_TEXT)
+    with_text = version != 1 and len(body) == GROUP_FIELDS_WITH_TEXT
     (swarm_id, sender, model_id, revision, fingerprint, policy_version, created_at,
-     prompt, sampling, heads, tok_bytes, lp_bytes) = _seq(obj, "RolloutGroup", 12, exact=12)
+     prompt, sampling, heads, tok_bytes, lp_bytes, *text_fields) = _seq(
+        body, "RolloutGroup", GROUP_FIELDS_WITH_TEXT, exact=GROUP_FIELDS_WITH_TEXT if with_text else GROUP_FIELDS)
     ps_id, index, sha = _seq(prompt, "prompt", 3, exact=3)
     temperature, top_p, max_new = _seq(sampling, "sampling", 3, exact=3)
-    sizes = []
+    sizes, cap = [], limits.max_tokens_per_completion
     for h in _seq(heads, "completions", limits.max_completions):
-        n_tok, n_lp, finish, reward = _seq(h, "completion", 4, exact=4)
-        cap = limits.max_tokens_per_completion
+        n_tok, n_lp, finish, reward, *text_sizes = _seq(h, "completion", 6, exact=6 if with_text else 4)
         sizes.append((_int(n_tok, "n_tokens", 0, cap), _int(n_lp, "n_logprobs", 0, cap),
-                      _str(finish, "finish_reason", s), _float(reward, "claimed_reward", True)))
+                      _str(finish, "finish_reason", s), _float(reward, "claimed_reward", True),
+                      *(_int(n, what, 0, hi) for n, what, hi in zip(
+                          text_sizes, ("n_text_bytes", "n_pieces"), (limits.max_decoded_bytes, cap)))))
     total_tok, total_lp = sum(x[0] for x in sizes), sum(x[1] for x in sizes)
     if max(total_tok, total_lp) > limits.max_total_tokens:
         raise ProtocolError(f"group of {max(total_tok, total_lp)} tokens exceeds {limits.max_total_tokens}")
@@ -242,11 +285,15 @@ def _group_from_wire(obj: Any, version: int, limits: Limits, shuffled: bool) -> 
         tokens.flags.writeable = logprobs.flags.writeable = False
     else:
         tokens, logprobs = np.frombuffer(tok_bytes, "<u4"), np.frombuffer(lp_bytes, "<f4")
-    completions, ot, ol = [], 0, 0
-    for n_tok, n_lp, finish, reward in sizes:
+    texts, pieces = _texts_from_wire(text_fields, sizes, shuffled) if with_text else ([""] * len(sizes), None)
+    completions, ot, ol, op = [], 0, 0, 0
+    for (n_tok, n_lp, finish, reward, *text_sizes), text in zip(sizes, texts):
+        n_pieces = text_sizes[1] if text_sizes else 0
+        completion_pieces = pieces[op : op + n_pieces] if pieces is not None else np.zeros(0, np.uint16)
         completions.append(Completion(token_ids=tokens[ot : ot + n_tok], logprobs=logprobs[ol : ol + n_lp],
-                                      finish_reason=finish, claimed_reward=reward))
-        ot, ol = ot + n_tok, ol + n_lp
+                                      finish_reason=finish, claimed_reward=reward, text=text,
+                                      piece_bytes=completion_pieces))
+        ot, ol, op = ot + n_tok, ol + n_lp, op + n_pieces
     return RolloutGroup(
         protocol_version=version, swarm_id=_str(swarm_id, "swarm_id", s), sender=_str(sender, "sender", s),
         model_id=_str(model_id, "model_id", s), model_revision=_str(revision, "model_revision", s),
@@ -258,3 +305,23 @@ def _group_from_wire(obj: Any, version: int, limits: Limits, shuffled: bool) -> 
                                 top_p=_float(top_p, "top_p", True), max_new_tokens=_int(max_new, "max_new_tokens")),
         completions=tuple(completions),
     )
+
+
+def _texts_from_wire(fields: list[Any], sizes: list[tuple[Any, ...]], shuffled: bool) -> tuple[list[str], np.ndarray]:
+    """Each completion's text and all completions' piece lengths from a body's two text fields.
+    Undecodable UTF-8 is kept as lone surrogates (validate rejects it; re-encoding restores it)."""
+    text_bytes, piece_bytes = fields
+    n_text, n_pieces = sum(x[4] for x in sizes), sum(x[5] for x in sizes)
+    text_bytes = _bytes(text_bytes, "text bytes", n_text)
+    piece_bytes = _bytes(piece_bytes, "piece bytes", 2 * n_pieces)
+    if len(text_bytes) != n_text or len(piece_bytes) != 2 * n_pieces:
+        raise ProtocolError("text/piece byte strings do not match the completion lengths")
+    if not any(x[4] or x[5] for x in sizes):
+        raise ProtocolError("text fields present but no completion carries text")  # canonical: omit them
+    pieces = unshuffle(piece_bytes, "<u2", 2) if shuffled else np.frombuffer(piece_bytes, "<u2")
+    pieces.flags.writeable = False
+    texts, start = [], 0
+    for x in sizes:
+        texts.append(text_bytes[start : start + x[4]].decode("utf-8", "surrogateescape"))
+        start += x[4]
+    return texts, pieces

@@ -12,11 +12,14 @@ Wire format (all integers little-endian):
 The body is a msgpack array of the message's fields in a fixed order (see `protocol._schema`).
 In a RolloutGroup all completions' token ids travel as one little-endian uint32 byte string and all
 logprobs as one little-endian float32 byte string (completion boundaries from per-completion
-lengths). Scheme SHUFFLE_ZSTD byte-transposes those two strings (byte planes: the high bytes of
-token ids and the sign/exponent bytes of logprobs are nearly constant) before zstd, and the encoder
-ends a zstd block at each byte plane so each plane gets its own entropy table. Measured by
-benchmarks/wire.py (G=8 x 256 tokens): 8.22 bytes/token uncompressed, 5.93 with plain zstd, 5.23
-with this scheme, which is therefore the default for rollout groups.
+lengths); when the sender includes completion text (version 2, cross-tokenizer exchange), all
+texts follow as one UTF-8 byte string and all piece lengths as one little-endian uint16 byte
+string. Scheme SHUFFLE_ZSTD byte-transposes the token, logprob and piece strings (byte planes: the
+high bytes of token ids and piece lengths and the sign/exponent bytes of logprobs are nearly
+constant) before zstd, and the encoder ends a zstd block at each byte plane (and around the text)
+so each gets its own entropy table. Measured by benchmarks/wire.py (G=8 x 256 tokens): 8.22
+bytes/token uncompressed, 5.93 with plain zstd, 5.23 with this scheme, which is therefore the
+default for rollout groups.
 
 Bounds on hostile input: the encoded size, the header's body length (so the zstd frame must
 declare exactly that content size, which caps the allocation), the number of msgpack objects
@@ -138,7 +141,8 @@ def encode(
         raise ProtocolError(f"message body of {len(body)} bytes exceeds {limits.max_decoded_bytes}")
     payload = body
     if chosen == Scheme.SHUFFLE_ZSTD and kind == MessageType.ROLLOUT_GROUP:
-        payload = _compress_planes(body, len(wire[-2]), len(wire[-1]), level)
+        widths = _schema.TAIL_WIDTHS[len(wire)]
+        payload = _compress_planes(body, [(len(b), w) for b, w in zip(wire[-len(widths):], widths)], level)
     elif chosen != Scheme.NONE:
         payload = zstandard.ZstdCompressor(level=level, write_checksum=False).compress(body)
         if scheme is None and len(payload) >= len(body):
@@ -151,22 +155,30 @@ def encode(
     return out
 
 
-def _compress_planes(body: bytes, tok_len: int, lp_len: int, level: int) -> bytes:
-    """One zstd frame of `body`, ending a block at every byte plane of the (shuffled) token and
-    logprob strings, so each plane gets its own entropy table: the near-constant planes (high
-    token bytes, logprob sign/exponent) then cost almost nothing. About 10% smaller than one block;
-    the decoder needs nothing special. The two strings are the body's last two msgpack bins."""
-    lp_start = len(body) - lp_len
-    tok_start = lp_start - (2 if lp_len < 256 else 3 if lp_len < 65536 else 5) - tok_len
-    cuts = [tok_start + k * (tok_len // 4) for k in range(4)] + [lp_start + k * (lp_len // 4) for k in range(4)]
+def _compress_planes(body: bytes, tail: list[tuple[int, int]], level: int) -> bytes:
+    """One zstd frame of `body`, ending a block at every byte plane of the (shuffled) byte strings
+    that end it (`tail`: (length, item width) of each msgpack bin, in body order), so each plane
+    gets its own entropy table: the near-constant planes (high token bytes, logprob sign/exponent,
+    high piece-length bytes) then cost almost nothing. About 10% smaller than one block; the
+    decoder needs nothing special."""
+    cuts, end = [], len(body)
+    for length, width in reversed(tail):
+        start = end - length
+        cuts += [start + k * (length // width) for k in reversed(range(width))]
+        end = start - _bin_header_size(length)
     cobj = zstandard.ZstdCompressor(level=level, write_checksum=False).compressobj(size=len(body))
     out, prev = [], 0
-    for cut in [*cuts, len(body)]:
+    for cut in [*sorted(cuts), len(body)]:
         if cut > prev:
             out += [cobj.compress(body[prev:cut]), cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)]
             prev = cut
     out.append(cobj.flush())
     return b"".join(out)
+
+
+def _bin_header_size(length: int) -> int:
+    """Bytes of the msgpack header of a bin of `length` bytes (bin 8, 16 or 32)."""
+    return 2 if length < 256 else 3 if length < 65536 else 5
 
 
 def _pack(obj: object) -> bytes:

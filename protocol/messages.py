@@ -14,11 +14,17 @@ from typing import Any
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
-"""The version this code writes. Every message carries it; a node refuses other versions."""
+PROTOCOL_VERSION = 2
+"""The version this code writes. Every message carries it; a node refuses other versions.
 
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({PROTOCOL_VERSION})
-"""Versions this code can decode."""
+Version 2 added a completion's `text` and `piece_bytes` (cross-tokenizer exchange) and a status
+record's `tokenizer_fingerprint`. A version-1 decoder would refuse those bodies as malformed (its
+field counts are exact), not misread them; the version says which layout a body has, so a node
+that does not know it refuses it as `bad_version` rather than as garbage."""
+
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, PROTOCOL_VERSION})
+"""Versions this code can decode (and encode: a message declaring version 1 is written in the
+version-1 layout, which cannot carry completion text or a status fingerprint)."""
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 NODE_ROLES: tuple[str, ...] = ("trainer", "observer")
@@ -47,11 +53,11 @@ def _wire_array(value: Any, dtype: type, name: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ProtocolError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype != dtype:
-        if dtype is np.uint32:
+        if np.dtype(dtype).kind == "u":
             if arr.size and arr.dtype.kind not in "ui":
                 raise ProtocolError(f"{name} must hold integers, got {arr.dtype}")
-            if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 0xFFFFFFFF):
-                raise ProtocolError(f"{name} values must fit in uint32")
+            if arr.size and (int(arr.min()) < 0 or int(arr.max()) > np.iinfo(dtype).max):
+                raise ProtocolError(f"{name} values must fit in {np.dtype(dtype).name}")
         elif arr.size and arr.dtype.kind not in "uif":
             raise ProtocolError(f"{name} must hold numbers, got {arr.dtype}")
         arr = arr.astype(dtype)
@@ -115,16 +121,36 @@ class Completion:
     Invariants (checked by validate, not here): len(token_ids) == len(logprobs) >= 1; every token id
     < the vocabulary size; every logprob finite and <= 0; finish_reason in FINISH_REASONS.
     `claimed_reward` is the sender's own score, informational only: receivers recompute rewards.
+
+    Cross-tokenizer exchange (version 2): `text` and `piece_bytes` are sent together or not at all.
+    `text` is the completion as the sender's tokenizer decodes its tokens, without special tokens
+    (eos etc.); `piece_bytes[t]` is how many bytes of text.encode("utf-8") token t produced, in
+    order, 0 for special tokens, so that sum(piece_bytes) == len(text.encode("utf-8")) and
+    len(piece_bytes) == len(token_ids). Not sent: text == "" and piece_bytes empty. A receiver
+    with another tokenizer re-tokenizes `text` and aligns the two token streams on the byte
+    boundaries the pieces mark (validate: `text_*` reasons). A decoded text that was not valid
+    UTF-8 holds the bad bytes as lone surrogates (U+DC80-U+DCFF, Python's "surrogateescape"), so
+    it can be represented and re-encoded byte for byte; validate rejects it.
     """
 
     token_ids: np.ndarray  # [T] uint32, read-only
     logprobs: np.ndarray  # [T] float32, read-only: log p_gen(sampled token) under the sampling distribution
     finish_reason: str  # 'stop' | 'length'
     claimed_reward: float
+    text: str = ""  # the decoded completion without special tokens; "" when not sent
+    piece_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint16))  # [T] uint16 or [0], read-only
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_ids", _wire_array(self.token_ids, np.uint32, "token_ids"))
         object.__setattr__(self, "logprobs", _wire_array(self.logprobs, np.float32, "logprobs"))
+        object.__setattr__(self, "piece_bytes", _wire_array(self.piece_bytes, np.uint16, "piece_bytes"))
+        if not isinstance(self.text, str):
+            raise ProtocolError(f"text must be a str, got {type(self.text).__name__}")
+
+    @property
+    def has_text(self) -> bool:
+        """True when the sender sent text or pieces (validate checks they agree)."""
+        return bool(self.text) or self.piece_bytes.shape[0] > 0
 
     def __eq__(self, other: object) -> bool:
         """Exact equality; logprobs compare bitwise so NaN payloads round-trip equal."""
@@ -135,6 +161,8 @@ class Completion:
             and _same_float(self.claimed_reward, other.claimed_reward)
             and np.array_equal(self.token_ids, other.token_ids)
             and self.logprobs.tobytes() == other.logprobs.tobytes()
+            and self.text == other.text
+            and np.array_equal(self.piece_bytes, other.piece_bytes)
         )
 
     __hash__ = None  # type: ignore[assignment]
@@ -204,7 +232,9 @@ class RolloutIndex(_WireEq):
 @dataclass(frozen=True, kw_only=True, eq=False)
 class NodeStatus(_WireEq):
     """What observers read about a node. `metrics` holds finite floats under short keys (bounded
-    count and key length, checked by validate); treat it as read-only."""
+    count and key length, checked by validate); treat it as read-only. `tokenizer_fingerprint`
+    (version 2) is the node's tokenizer's, "" for observers and version-1 records: peers count the
+    tokenizers of a swarm from it (swarm.send_text = "auto")."""
 
     protocol_version: int = PROTOCOL_VERSION
     peer_id: str
@@ -214,6 +244,7 @@ class NodeStatus(_WireEq):
     timestamp: float  # DHT time
     maddrs: tuple[str, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
+    tokenizer_fingerprint: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "maddrs", _as_tuple(self.maddrs, "maddrs"))

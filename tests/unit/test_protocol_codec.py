@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import struct
 import sys
 from pathlib import Path
@@ -48,7 +49,7 @@ def frame(body: bytes, kind: int = 1, scheme: int = 0, version: int = 1, declare
         (b"", "truncated"),
         (b"SN\x01", "truncated"),
         (b"XX" + bytes(20), "bad magic"),
-        (frame(b"\x90", version=2), "unsupported protocol version 2"),
+        (frame(b"\x90", version=3), "unsupported protocol version 3"),
         (frame(b"\x90", kind=9), "unknown message type 9"),
         (frame(b"\x90", scheme=7), "unknown compression scheme 7"),
         (frame(b"\x90", declared=1 << 31), "exceeds"),
@@ -117,6 +118,74 @@ def test_encode_rejects_unwritable_messages() -> None:
         Completion(token_ids=[-1], logprobs=[0.0], finish_reason="stop", claimed_reward=0.0)
     with pytest.raises(ProtocolError, match="1-D"):
         Completion(token_ids=np.zeros((2, 2)), logprobs=[0.0], finish_reason="stop", claimed_reward=0.0)
+
+
+def with_text(group: RolloutGroup, text: str = "ab\u00e9") -> RolloutGroup:
+    """`group` with `text` on every completion, its bytes attributed to the first tokens."""
+    n = len(text.encode("utf-8", "surrogatepass"))
+    comps = []
+    for c in group.completions:
+        pieces = np.zeros(c.token_ids.shape[0], np.uint16)
+        pieces[: min(n, pieces.size)] = 1
+        pieces[-1] += n - int(pieces.sum())
+        comps.append(dataclasses.replace(c, text=text, piece_bytes=pieces))
+    return dataclasses.replace(group, completions=comps)
+
+
+def test_text_fields_travel_only_when_sent() -> None:
+    plain = make_group(n_comp=4, n_tok=50)
+    texted = with_text(plain, "caf\u00e9 \u6771\u4eac \U0001f600\n")
+    for scheme in Scheme:
+        assert decode(encode(texted, scheme)) == texted
+        assert decode(encode(plain, scheme)) == plain
+    body = msgpack.unpackb(encode(plain, Scheme.NONE)[9:])
+    assert len(body) == 12 and all(len(h) == 4 for h in body[9])  # the version-1 body: same size
+    v1 = dataclasses.replace(plain, protocol_version=1)
+    assert encode(v1, Scheme.NONE)[3:] == encode(plain, Scheme.NONE)[3:]
+    assert encode(v1, Scheme.NONE)[2] == 1 and encode(plain, Scheme.NONE)[2] == 2
+    body = msgpack.unpackb(encode(texted, Scheme.NONE)[9:])
+    assert len(body) == 14 and all(len(h) == 6 for h in body[9])
+    assert body[12] == "caf\u00e9 \u6771\u4eac \U0001f600\n".encode() * 4
+    assert np.frombuffer(body[13], "<u2").sum() == len(body[12])
+
+
+def test_text_needs_version_2_and_consistent_byte_strings() -> None:
+    texted = with_text(make_group())
+    with pytest.raises(ProtocolError, match="version-1 group"):
+        encode(dataclasses.replace(texted, protocol_version=1))
+    with pytest.raises(ProtocolError, match="version-1 status"):
+        encode(NodeStatus(protocol_version=1, peer_id="p", role="trainer", model_id="m", step=1, timestamp=1.0,
+                          tokenizer_fingerprint="fp"))
+    body = msgpack.unpackb(encode(texted, Scheme.NONE)[9:])
+    for mutate, match in [
+        (lambda b: b.__setitem__(12, b[12][:-1]), "text/piece byte strings"),
+        (lambda b: b.__setitem__(13, b[13] + b"\x00\x00"), "piece bytes"),
+        (lambda b: [h.__setitem__(slice(4, 6), [0, 0]) for h in b[9]] and b.__setitem__(12, b"")
+         or b.__setitem__(13, b""), "no completion carries text"),  # non-canonical: fields must be left out
+        (lambda b: b[9][0].pop(), "expected 6 fields"),
+        (lambda b: b.pop(), "expected 12 fields"),
+    ]:
+        tampered = msgpack.unpackb(msgpack.packb(body, use_bin_type=True))
+        mutate(tampered)
+        with pytest.raises(ProtocolError, match=match):
+            decode(frame(msgpack.packb(tampered, use_bin_type=True), version=2))
+    with pytest.raises(ProtocolError, match="expected 12 fields"):  # version 1 never had text
+        decode(frame(msgpack.packb(body, use_bin_type=True), version=1))
+    with pytest.raises(ProtocolError, match="uint16"):
+        Completion(token_ids=[1], logprobs=[0.0], finish_reason="stop", claimed_reward=0.0, piece_bytes=[70_000])
+    with pytest.raises(ProtocolError, match="text must be a str"):
+        Completion(token_ids=[1], logprobs=[0.0], finish_reason="stop", claimed_reward=0.0, text=b"x")
+    with pytest.raises(ProtocolError, match="UTF-8"):  # a lone surrogate no UTF-8 byte stands for
+        encode(with_text(make_group(), "\ud800"))
+
+
+def test_undecodable_text_round_trips_byte_for_byte() -> None:
+    body = msgpack.unpackb(encode(with_text(make_group(n_comp=1), "abc"), Scheme.NONE)[9:])
+    body[12] = b"a\xffc"  # not UTF-8: kept as a lone surrogate, which validate rejects
+    data = frame(msgpack.packb(body, use_bin_type=True), version=2)
+    back = decode(data)
+    assert back.completions[0].text == "a\udcffc"
+    assert encode(back, Scheme.NONE) == data
 
 
 def test_compression_schemes_are_lossless_and_default_is_smallest() -> None:

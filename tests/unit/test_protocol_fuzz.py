@@ -44,8 +44,13 @@ def _seed_messages() -> list[Message]:
         policy_version=9, created_at=123.5, prompt=PromptRef(prompt_set_id="ps", index=3, sha256="cd" * 32),
         sampling=SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=64), completions=comps,
     )
+    texts = ["Caf\u00e9 \u6771\u4eac", "\U0001f600 x\n", "", "42"]
+    texted = RolloutGroup(**{**group.__dict__, "completions": [
+        Completion(**{**c.__dict__, "text": t, "piece_bytes": _pieces(len(t.encode()), c.token_ids.shape[0])})
+        for c, t in zip(comps, texts, strict=True)]})
     return [
         group,
+        texted,
         RolloutIndex(sender="QmSender", window=41, entries=[
             IndexEntry(chunk_digests=["ab" * 32, "cd" * 32], size=3000, prompt_index=3, policy_version=9,
                        created_at=123.5)]),
@@ -58,6 +63,14 @@ def _seed_messages() -> list[Message]:
     ]
 
 
+def _pieces(n_bytes: int, n_tokens: int) -> np.ndarray:
+    """Piece lengths of n_tokens tokens over n_bytes bytes (the last token takes the rest)."""
+    pieces = np.zeros(n_tokens, np.uint16)
+    pieces[: min(n_bytes, n_tokens)] = 1
+    pieces[-1] += n_bytes - int(pieces.sum())
+    return pieces
+
+
 def _seeds() -> list[bytes]:
     out = []
     for msg in _seed_messages():
@@ -65,10 +78,10 @@ def _seeds() -> list[bytes]:
     return out
 
 
-def _frame(body: bytes, kind: int, scheme: Scheme, declared: int | None = None) -> bytes:
+def _frame(body: bytes, kind: int, scheme: Scheme, declared: int | None = None, version: int = 2) -> bytes:
     payload = body if scheme == Scheme.NONE else zstandard.ZstdCompressor().compress(body)
     size = len(body) if declared is None else declared
-    return struct.pack("<2sBBBI", b"SN", 1, kind, int(scheme), size) + payload
+    return struct.pack("<2sBBBI", b"SN", version, kind, int(scheme), size) + payload
 
 
 def _mutate(rng: random.Random, seeds: list[bytes]) -> bytes:
@@ -95,9 +108,10 @@ def _mutate(rng: random.Random, seeds: list[bytes]) -> bytes:
         body = bytearray(msgpack.packb(msgpack.unpackb(_body(bytes(data)), raw=False), use_bin_type=True))
         for _ in range(rng.randint(1, 4)):
             body[rng.randrange(len(body))] = rng.randrange(256)
-        return _frame(bytes(body), data[3], rng.choice([Scheme.NONE, Scheme.ZSTD]))
+        return _frame(bytes(body), data[3], rng.choice([Scheme.NONE, Scheme.ZSTD]), version=rng.choice([1, 2]))
     elif op == 7:  # random well-formed msgpack object under a valid header
-        return _frame(msgpack.packb(_random_obj(rng, 3), use_bin_type=True), rng.randint(1, 5), Scheme.NONE)
+        return _frame(msgpack.packb(_random_obj(rng, 3), use_bin_type=True), rng.randint(1, 5), Scheme.NONE,
+                      version=rng.choice([1, 2]))
     else:  # a decompression bomb or lying length
         body = b"\x00" * rng.choice([10, 1000, 1 << 20])
         return _frame(body, rng.randint(1, 5), Scheme.ZSTD, declared=rng.choice([None, 5, 1 << 30]))
@@ -146,7 +160,8 @@ def test_fuzz_decoder_raises_only_protocol_error() -> None:
         if i % 10 == 0:
             data = rng.randbytes(rng.choice([0, 1, 8, 9, 64, 4096]))
             if rng.random() < 0.5:  # random body behind a valid header
-                data = struct.pack("<2sBBBI", b"SN", 1, rng.randint(1, 5), rng.randint(0, 2), len(data)) + data
+                data = struct.pack("<2sBBBI", b"SN", rng.randint(1, 2), rng.randint(1, 5), rng.randint(0, 2),
+                                   len(data)) + data
         else:
             data = _mutate(rng, seeds)
         _check(data, limits, outcomes)
@@ -159,8 +174,8 @@ def test_fuzz_decoder_raises_only_protocol_error() -> None:
 def test_fuzz_seeds_are_valid() -> None:
     for data, msg in zip(_seeds()[::3], _seed_messages(), strict=True):
         assert decode(data) == msg
-    group = _seed_messages()[0]
-    assert validate_group(group, VLIMITS) == []
+    for group in _seed_messages()[:2]:
+        assert validate_group(group, VLIMITS) == []
 
 
 def test_every_message_type_code_rejects_every_other_body() -> None:

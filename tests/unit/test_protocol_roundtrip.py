@@ -32,26 +32,36 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
 hex64 = st.text(alphabet="0123456789abcdef", min_size=64, max_size=64)
 
 
+# Completion texts: any unicode, or any bytes (undecodable ones arrive as lone surrogates).
+texts = st.one_of(st.text(max_size=60), st.binary(max_size=60).map(lambda b: b.decode("utf-8", "surrogateescape")))
+
+
 @st.composite
-def completions(draw: st.DrawFn) -> Completion:
+def completions(draw: st.DrawFn, text: bool = True) -> Completion:
     n_tok = draw(st.integers(0, 40))
     n_lp = draw(st.sampled_from([n_tok, n_tok, draw(st.integers(0, 40))]))  # mostly consistent
     tokens = draw(st.lists(st.integers(0, 2**32 - 1), min_size=n_tok, max_size=n_tok))
     lps = draw(st.lists(st.floats(width=32), min_size=n_lp, max_size=n_lp))
+    n_pieces = draw(st.sampled_from([0, n_tok, draw(st.integers(0, 40))])) if text else 0
     return Completion(
         token_ids=np.array(tokens, dtype=np.uint32), logprobs=np.array(lps, dtype=np.float32),
         finish_reason=draw(st.sampled_from(["stop", "length", "weird"])), claimed_reward=draw(floats),
+        text=draw(texts) if text and draw(st.booleans()) else "",
+        piece_bytes=np.array(draw(st.lists(st.integers(0, 2**16 - 1), min_size=n_pieces, max_size=n_pieces)),
+                             dtype=np.uint16),
     )
 
 
 @st.composite
 def groups(draw: st.DrawFn) -> RolloutGroup:
+    version = draw(st.sampled_from([1, 2, 2]))
     return RolloutGroup(
+        protocol_version=version,
         swarm_id=draw(names), sender=draw(names), model_id=draw(names), model_revision=draw(names),
         tokenizer_fingerprint=draw(names), policy_version=draw(ints), created_at=draw(floats),
         prompt=PromptRef(prompt_set_id=draw(names), index=draw(ints), sha256=draw(hex64)),
         sampling=SamplingParams(temperature=draw(floats), top_p=draw(floats), max_new_tokens=draw(ints)),
-        completions=draw(st.lists(completions(), max_size=6)),
+        completions=draw(st.lists(completions(text=version > 1), max_size=6)),
     )
 
 
@@ -60,11 +70,14 @@ index_entries = st.builds(
     policy_version=ints, created_at=floats,
 )
 indexes = st.builds(RolloutIndex, sender=names, window=ints, entries=st.lists(index_entries, max_size=5))
-statuses = st.builds(
+statuses = st.one_of(st.builds(
     NodeStatus, peer_id=names, role=st.sampled_from(["trainer", "observer"]), model_id=names, step=ints,
     timestamp=floats, maddrs=st.lists(names, max_size=4),
-    metrics=st.dictionaries(st.text(max_size=20), floats, max_size=12),
-)
+    metrics=st.dictionaries(st.text(max_size=20), floats, max_size=12), tokenizer_fingerprint=names,
+), st.builds(
+    NodeStatus, protocol_version=st.just(1), peer_id=names, role=st.sampled_from(["trainer", "observer"]),
+    model_id=names, step=ints, timestamp=floats, maddrs=st.lists(names, max_size=4),
+))
 manifests = st.builds(
     PromptSetManifest, prompt_set_id=names, name=names, answer_kind=st.sampled_from(["number", "math"]),
     num_problems=ints, chunk_digests=st.lists(hex64, max_size=5), owner_public_key=st.binary(max_size=300),
@@ -95,7 +108,9 @@ def test_group_round_trip_preserves_arrays_bitwise(group) -> None:
         assert a.logprobs.dtype == b.logprobs.dtype == np.float32
         assert a.token_ids.tobytes() == b.token_ids.tobytes()
         assert a.logprobs.tobytes() == b.logprobs.tobytes()
-        assert not b.token_ids.flags.writeable and not b.logprobs.flags.writeable
+        assert b.piece_bytes.dtype == np.uint16 and a.piece_bytes.tobytes() == b.piece_bytes.tobytes()
+        assert a.text == b.text
+        assert not b.token_ids.flags.writeable and not b.logprobs.flags.writeable and not b.piece_bytes.flags.writeable
 
 
 def test_completion_equality_is_exact() -> None:
@@ -119,12 +134,21 @@ def golden_group() -> RolloutGroup:
     )
 
 
+def golden_group_with_text() -> RolloutGroup:
+    g = golden_group()
+    first, second = g.completions
+    return RolloutGroup(**{**g.__dict__, "completions": (
+        Completion(**{**first.__dict__, "text": "Caf\u00e9", "piece_bytes": [2, 3, 0]}),  # the eos has no bytes
+        Completion(**{**second.__dict__, "text": "\u6771", "piece_bytes": [1, 2]}),  # one character, two tokens
+    )})
+
+
 def golden_status() -> NodeStatus:
     return NodeStatus(peer_id="QmPeer", role="trainer", model_id="m", step=3, timestamp=12.5,
                       maddrs=("/ip4/127.0.0.1/tcp/4000",), metrics={"reward": 0.5, "accuracy": 0.25})
 
 
-GOLDEN_GROUP_NONE = (
+GOLDEN_GROUP_NONE = (  # version 1; version 2 without text differs only in the version byte
     "534e010100010100009ca6676f6c64656ea8516d53656e646572d92348756767696e674661636554422f536d6f6c4c4d"
     "322d3133354d2d496e737472756374a46d61696ea666703031323307cb41d954fc4010000093ab67736d386b2d747261"
     "696e2ad94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261"
@@ -139,16 +163,47 @@ GOLDEN_GROUP_SHUFFLE_ZSTD = (
     "7468cb000000c41405004f09ffb310080d82f296e4cc280000012cff07072800000001bf000028000000000000003800"
     "000000000000c414280000000000000028000000000000002800000020008070280000bec080bfc0010000"
 )
-GOLDEN_STATUS_NONE = (
+GOLDEN_GROUP_TEXT_NONE = (
+    "534e0201001b0100009ea6676f6c64656ea8516d53656e646572d92348756767696e674661636554422f536d6f6c4c4d"
+    "322d3133354d2d496e737472756374a46d61696ea666703031323307cb41d954fc4010000093ab67736d386b2d747261"
+    "696e2ad94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261"
+    "62616261626162616261626162616261626162616293cb3ff0000000000000cb3fee6666666666660892960303a47374"
+    "6f70cb3ff00000000000000503960202a66c656e677468cb00000000000000000302c414010000002c010000ffbf0000"
+    "0700000007000000c414000000be000020c000000080000080bf000070c0c408436166c3a9e69db1c40a020003000000"
+    "01000200"
+)
+GOLDEN_STATUS_V2_NONE = (
+    "534e0203005f00000098a6516d50656572a7747261696e6572a16d03cb402900000000000091b72f6970342f3132372e"
+    "302e302e312f7463702f3430303082a86163637572616379cb3fd0000000000000a6726577617264cb3fe00000000000"
+    "00a6667030313233"
+)
+GOLDEN_STATUS_NONE = (  # version 1
     "534e0103005800000097a6516d50656572a7747261696e6572a16d03cb402900000000000091b72f6970342f3132372e"
     "302e302e312f7463702f3430303082a86163637572616379cb3fd0000000000000a6726577617264cb3fe00000000000"
     "00"
 )
 
 
+def v1(msg):
+    return type(msg)(**{**msg.__dict__, "protocol_version": 1})
+
+
 def test_golden_group_bytes_uncompressed() -> None:
-    assert encode(golden_group(), Scheme.NONE).hex() == GOLDEN_GROUP_NONE
-    assert decode(bytes.fromhex(GOLDEN_GROUP_NONE)) == golden_group()
+    assert encode(v1(golden_group()), Scheme.NONE).hex() == GOLDEN_GROUP_NONE
+    assert decode(bytes.fromhex(GOLDEN_GROUP_NONE)) == v1(golden_group())  # version 1 is still read
+    v2_hex = GOLDEN_GROUP_NONE[:4] + "02" + GOLDEN_GROUP_NONE[6:]  # no text: the same body
+    assert encode(golden_group(), Scheme.NONE).hex() == v2_hex
+    assert decode(bytes.fromhex(v2_hex)) == golden_group()
+
+
+def test_golden_group_with_text_bytes() -> None:
+    assert encode(golden_group_with_text(), Scheme.NONE).hex() == GOLDEN_GROUP_TEXT_NONE
+    back = decode(bytes.fromhex(GOLDEN_GROUP_TEXT_NONE))
+    assert back == golden_group_with_text()
+    assert [c.text for c in back.completions] == ["Caf\u00e9", "\u6771"]
+    assert [c.piece_bytes.tolist() for c in back.completions] == [[2, 3, 0], [1, 2]]
+    data = encode(golden_group_with_text())
+    assert data[4] == Scheme.SHUFFLE_ZSTD and decode(data) == golden_group_with_text()
 
 
 def test_golden_group_bytes_default_scheme() -> None:
@@ -156,16 +211,19 @@ def test_golden_group_bytes_default_scheme() -> None:
     zstd releases, the body must not) equals the golden body."""
     golden = bytes.fromhex(GOLDEN_GROUP_SHUFFLE_ZSTD)
     assert golden[4] == Scheme.SHUFFLE_ZSTD
-    assert decode(golden) == golden_group()
-    ours = encode(golden_group())
+    assert decode(golden) == v1(golden_group())
+    ours = encode(v1(golden_group()))
     assert ours[:HEADER_SIZE] == golden[:HEADER_SIZE]
     unzip = zstandard.ZstdDecompressor().decompress
     assert unzip(ours[HEADER_SIZE:]) == unzip(golden[HEADER_SIZE:])
 
 
 def test_golden_status_bytes() -> None:
-    assert encode(golden_status()).hex() == GOLDEN_STATUS_NONE
-    assert decode(bytes.fromhex(GOLDEN_STATUS_NONE)) == golden_status()
+    assert encode(v1(golden_status())).hex() == GOLDEN_STATUS_NONE
+    assert decode(bytes.fromhex(GOLDEN_STATUS_NONE)) == v1(golden_status())
+    fingerprinted = NodeStatus(**{**golden_status().__dict__, "tokenizer_fingerprint": "fp0123"})
+    assert encode(fingerprinted).hex() == GOLDEN_STATUS_V2_NONE
+    assert decode(bytes.fromhex(GOLDEN_STATUS_V2_NONE)) == fingerprinted
 
 
 def test_manifest_signing_bytes_exclude_signature() -> None:
