@@ -43,6 +43,11 @@ BAD_TIMESTAMP = "bad_timestamp"
 BAD_POLICY_VERSION = "bad_policy_version"
 WRONG_SWARM = "wrong_swarm"
 TOKENIZER_MISMATCH = "tokenizer_mismatch"
+TEXT_INVALID_UTF8 = "text_invalid_utf8"
+TEXT_PIECES_MISMATCH = "text_pieces_mismatch"
+TEXT_TOO_LONG = "text_too_long"
+TEXT_FORBIDDEN_CHAR = "text_forbidden_char"
+TEXT_PARTIAL = "text_partial"
 BAD_ROLE = "bad_role"
 BAD_STEP = "bad_step"
 TOO_MANY_METRICS = "too_many_metrics"
@@ -59,6 +64,7 @@ GROUP_REASONS = (
     BAD_VERSION, EMPTY_GROUP, GROUP_TOO_SMALL, GROUP_TOO_LARGE, EMPTY_COMPLETION, TOO_MANY_TOKENS, TOKEN_OUT_OF_VOCAB,
     LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, LOGPROB_BELOW_FLOOR, BAD_FINISH_REASON, BAD_SAMPLING,
     UNSUPPORTED_TOP_P, UNSUPPORTED_TEMPERATURE, BAD_PROMPT_REF, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
+    TEXT_INVALID_UTF8, TEXT_PIECES_MISMATCH, TEXT_TOO_LONG, TEXT_FORBIDDEN_CHAR, TEXT_PARTIAL,
 )
 STATUS_REASONS = (
     BAD_VERSION, BAD_ROLE, BAD_STEP, BAD_TIMESTAMP, TOO_MANY_METRICS, METRIC_KEY_TOO_LONG, METRIC_NONFINITE,
@@ -87,6 +93,21 @@ MIN_LOGPROB = -50.0
 MIN_TEMPERATURE = 0.25
 MAX_TEMPERATURE = 2.0
 
+# Completion text (cross-tokenizer exchange; `messages.Completion`). A token is about 4 bytes of
+# text on average; the longest tokens of common vocabularies are 60-130 bytes. The cap bounds a
+# receiver's re-tokenization work by the token count it already accepts; a completion made mostly
+# of the longest tokens (degenerate runs of spaces or dashes) is dropped.
+MAX_TEXT_BYTES_PER_TOKEN = 32
+
+# Characters a completion text may not hold: C0 controls other than tab, newline and carriage
+# return, DEL and the C1 controls (no tokenizer of a chat model emits them in answers; they are
+# terminal and log injection), and U+FFFD: the sender decodes its tokens' exact bytes, so a
+# replacement character means a lossy decode whose pieces no longer match the bytes its tokens
+# produced (a token holding part of a multi-byte character decodes to U+FFFD on its own), or a
+# sender that cut a character in two. Lone surrogates are text_invalid_utf8 (see Completion).
+_FORBIDDEN_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffd]")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
 
 @dataclass(frozen=True)
 class ValidationLimits:
@@ -106,6 +127,7 @@ class ValidationLimits:
     min_logprob: float = MIN_LOGPROB
     min_temperature: float = MIN_TEMPERATURE  # declared sampling temperatures outside [min, max]
     max_temperature: float = MAX_TEMPERATURE  # are `unsupported_temperature`
+    max_text_bytes_per_token: int = MAX_TEXT_BYTES_PER_TOKEN  # a completion's text: at most this x its tokens
 
 
 def _add(reasons: list[str], reason: str) -> None:
@@ -156,7 +178,28 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
         max_tokens = min(max_tokens, s.max_new_tokens)
     for c in group.completions:
         _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits, reasons)
+    texts = [c.has_text for c in group.completions]
+    if any(texts) and not all(texts):
+        _add(reasons, TEXT_PARTIAL)  # groups are whole: a receiver that needs text could use only part
+    for c in group.completions:
+        if c.has_text:
+            _check_text(c.text, c.piece_bytes, int(c.token_ids.shape[0]), limits, reasons)
     return reasons
+
+
+def _check_text(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: ValidationLimits,
+                reasons: list[str]) -> None:
+    """A completion's text and pieces: valid UTF-8, one piece per token adding up to the text's
+    bytes, within the size cap, and no forbidden characters."""
+    if _SURROGATES.search(text):
+        _add(reasons, TEXT_INVALID_UTF8)
+    n_bytes = _utf8_len(text)
+    if int(piece_bytes.shape[0]) != n_tokens or int(piece_bytes.sum(dtype=np.int64)) != n_bytes:
+        _add(reasons, TEXT_PIECES_MISMATCH)
+    if n_bytes > limits.max_text_bytes_per_token * max(n_tokens, 1):
+        _add(reasons, TEXT_TOO_LONG)
+    if _FORBIDDEN_CHARS.search(text):
+        _add(reasons, TEXT_FORBIDDEN_CHAR)
 
 
 def _check_completion(
@@ -183,6 +226,15 @@ def _check_completion(
             _add(reasons, LOGPROB_BELOW_FLOOR)
     if finish_reason not in FINISH_REASONS:
         _add(reasons, BAD_FINISH_REASON)
+
+
+def _utf8_len(text: str) -> int:
+    """Bytes of `text` on the wire (undecodable bytes kept as U+DC80-U+DCFF count one each); never
+    raises, also for a locally built string with other lone surrogates."""
+    try:
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        return len(text.encode("utf-8", "surrogatepass"))
 
 
 def validate_status(status: NodeStatus, limits: ValidationLimits) -> list[str]:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from protocol import codec
 from protocol.codec import HEADER_SIZE, Scheme, decode, encode, manifest_signing_bytes
+from protocol.validate import ValidationLimits, validate_group
 from protocol.messages import (
     Completion,
     IndexEntry,
@@ -111,6 +112,9 @@ def test_group_round_trip_preserves_arrays_bitwise(group) -> None:
         assert b.piece_bytes.dtype == np.uint16 and a.piece_bytes.tobytes() == b.piece_bytes.tobytes()
         assert a.text == b.text
         assert not b.token_ids.flags.writeable and not b.logprobs.flags.writeable and not b.piece_bytes.flags.writeable
+    reasons = validate_group(back, ValidationLimits(vocab_size=2**32))  # judges any text, never raises
+    if any(c.has_text and c.text and not c.piece_bytes.size for c in back.completions):
+        assert "text_pieces_mismatch" in reasons
 
 
 def test_completion_equality_is_exact() -> None:

@@ -22,9 +22,14 @@ from protocol.messages import (
 LIMITS = v.ValidationLimits(vocab_size=1000, max_tokens_per_completion=16, max_group_size=4)
 
 
-def completion(tokens=(1, 2, 3), logprobs=(-0.1, -2.0, -0.0), finish="stop") -> Completion:
+def completion(tokens=(1, 2, 3), logprobs=(-0.1, -2.0, -0.0), finish="stop", text="", pieces=()) -> Completion:
     return Completion(token_ids=np.array(tokens, np.uint32), logprobs=np.array(logprobs, np.float32),
-                      finish_reason=finish, claimed_reward=1.0)
+                      finish_reason=finish, claimed_reward=1.0, text=text, piece_bytes=np.array(pieces, np.uint16))
+
+
+def texted(text: str = "x = 4\n", pieces=(2, 4, 0)) -> tuple[Completion, Completion]:
+    """Two completions carrying `text` (3 tokens; the last, an eos, has no bytes by default)."""
+    return (completion(text=text, pieces=pieces),) * 2
 
 
 def group(**changes) -> RolloutGroup:
@@ -68,6 +73,17 @@ def test_valid_group_has_no_reasons() -> None:
         ({"prompt": PromptRef(prompt_set_id="ps", index=-1, sha256="0" * 64)}, v.BAD_PROMPT_REF),
         ({"created_at": float("nan")}, v.BAD_TIMESTAMP),
         ({"policy_version": -1}, v.BAD_POLICY_VERSION),
+        ({"completions": texted("caf\udce9", (2, 2, 0))}, v.TEXT_INVALID_UTF8),  # b"caf\xe9": latin-1, not UTF-8
+        ({"completions": texted(pieces=(2, 3, 0))}, v.TEXT_PIECES_MISMATCH),  # adds up to 5 of 6 bytes
+        ({"completions": texted(pieces=(6, 0))}, v.TEXT_PIECES_MISMATCH),  # 2 pieces for 3 tokens
+        ({"completions": texted(pieces=())}, v.TEXT_PIECES_MISMATCH),  # text without pieces
+        ({"completions": texted("", (0, 0, 0, 0))}, v.TEXT_PIECES_MISMATCH),  # pieces without text
+        ({"completions": texted("x" * 97, (32, 32, 33))}, v.TEXT_TOO_LONG),  # over 32 bytes a token
+        ({"completions": texted("x\x1b[2J", (2, 3, 0))}, v.TEXT_FORBIDDEN_CHAR),  # terminal escape
+        ({"completions": texted("x\x00y", (2, 1, 0))}, v.TEXT_FORBIDDEN_CHAR),
+        ({"completions": texted("x\x85y", (2, 2, 0))}, v.TEXT_FORBIDDEN_CHAR),  # a C1 control
+        ({"completions": texted("\u6771\ufffd", (3, 3, 0))}, v.TEXT_FORBIDDEN_CHAR),  # a lossy decode
+        ({"completions": (completion(), completion(text="x", pieces=(1, 0, 0)))}, v.TEXT_PARTIAL),
     ],
 )
 def test_group_rule(changes: dict, reason: str) -> None:
@@ -79,6 +95,16 @@ def test_group_rule(changes: dict, reason: str) -> None:
 def test_bad_version_cannot_even_be_encoded() -> None:
     with pytest.raises(ProtocolError, match="protocol version"):
         encode(group(protocol_version=99))
+
+
+def test_honest_text_is_accepted() -> None:
+    assert reasons(group(completions=texted())) == []
+    unicode = "Caf\u00e9 \u6771\u4eac \U0001f600\t\r\n"  # 20 bytes over 3 tokens; tab, CR, LF allowed
+    assert reasons(group(completions=texted(unicode, (7, 13, 0)))) == []
+    assert reasons(group(completions=texted("", (0, 0, 0)))) == []  # only special tokens: empty text
+    assert reasons(group(completions=texted("x" * 96, (32, 32, 32)))) == []  # exactly at the cap
+    limits = dataclasses.replace(LIMITS, max_text_bytes_per_token=31)
+    assert reasons(group(completions=texted("x" * 96, (32, 32, 32))), limits) == [v.TEXT_TOO_LONG]
 
 
 def test_group_too_small() -> None:
