@@ -183,14 +183,16 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
         _add(reasons, TEXT_PARTIAL)  # groups are whole: a receiver that needs text could use only part
     for c in group.completions:
         if c.has_text:
-            _check_text(c.text, c.piece_bytes, int(c.token_ids.shape[0]), limits, reasons)
+            for reason in text_reasons(c.text, c.piece_bytes, int(c.token_ids.shape[0]), limits):
+                _add(reasons, reason)
     return reasons
 
 
-def _check_text(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: ValidationLimits,
-                reasons: list[str]) -> None:
-    """A completion's text and pieces: valid UTF-8, one piece per token adding up to the text's
-    bytes, within the size cap, and no forbidden characters."""
+def text_reasons(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: ValidationLimits) -> list[str]:
+    """Reasons to reject one completion's text and pieces (empty: accept): valid UTF-8, one piece
+    per token adding up to the text's bytes, within the size cap, no forbidden characters. Senders
+    check their own text with it before sending."""
+    reasons: list[str] = []
     if _SURROGATES.search(text):
         _add(reasons, TEXT_INVALID_UTF8)
     n_bytes = _utf8_len(text)
@@ -200,6 +202,7 @@ def _check_text(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: Valid
         _add(reasons, TEXT_TOO_LONG)
     if _FORBIDDEN_CHARS.search(text):
         _add(reasons, TEXT_FORBIDDEN_CHAR)
+    return reasons
 
 
 def _check_completion(
