@@ -182,7 +182,8 @@ def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
             return
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics)))
+            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics),
+            tokenizer_fingerprint=policy.fingerprint))
 
     return publish
 

@@ -288,6 +288,14 @@ class SwarmConfig(_Section):
     max_subkeys_per_key: int = Field(256, ge=1, description="Owned records (peers) one replica keeps under one key.")
     max_bytes_per_key: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps under one key.")
     max_bytes_per_peer: int = Field(256 << 10, ge=1024, description="Bytes of owned records one replica keeps from one peer.")
+    send_text: Literal["auto", "always", "never"] = Field(
+        "auto", description="Send each completion's text and its tokens' byte lengths with own groups, so peers with "
+                            "another tokenizer can re-tokenize them (about 2 bytes a token more on the wire). auto: "
+                            "when another tokenizer fingerprint was seen in peers' status records or groups within "
+                            "record_ttl_s; always; never.")
+    cross_tokenizer: bool = Field(
+        True, description="Receiver: take peer groups of another tokenizer by re-tokenizing their text (groups "
+                          "without text stay `tokenizer_mismatch`); False: drop every such group.")
 
     @model_validator(mode="after")
     def _check_ttl(self) -> SwarmConfig:

@@ -80,6 +80,8 @@ GEN_SECONDS = "gen_seconds"
 TRAIN_SECONDS = "train_seconds"
 STEP_SECONDS = "step_seconds"
 BYTES_PER_TOKEN = "bytes_per_token"
+TEXT_GROUPS = "text_groups"
+TEXT_WITHHELD = "text_withheld"
 BYTES_SENT = "bytes_sent"
 BYTES_RECEIVED = "bytes_received"
 EVAL_ACCURACY = "eval_accuracy"
@@ -146,6 +148,8 @@ METRICS: dict[str, str] = {
     TRAIN_SECONDS: "Seconds spent in the optimizer step (forward, backward, update).",
     STEP_SECONDS: "Wall-clock seconds of the whole step.",
     BYTES_PER_TOKEN: "Published bytes per completion token (after compression).",
+    TEXT_GROUPS: "Own groups published with completion text for peers of other tokenizers (swarm.send_text).",
+    TEXT_WITHHELD: "Own groups published without text although text was due: a completion had no faithful text.",
     BYTES_SENT: "Bytes published to the swarm in the step.",
     BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
     EVAL_ACCURACY: "Accuracy on the evaluation set, in steps where an evaluation ran.",

@@ -199,6 +199,8 @@ class Node:
             "train_seconds": train_seconds,
             "step_seconds": time.perf_counter() - rollout.started,
             "bytes_per_token": float(rollout.bytes_per_token or 0.0),
+            "text_groups": float(own.text_groups),
+            "text_withheld": float(own.text_withheld),
             "peer_reward_seconds": peer.verify_seconds,
             **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
             **self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,

@@ -14,6 +14,7 @@ against the node's own copy of the prompt set, and the reward, which is always r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import threading
@@ -26,6 +27,7 @@ import numpy as np
 
 from protocol import keys
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from swarm_node.policy.pieces import completion_text
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
 from swarm_node.tasks.base import Problem
 from swarm_node.tasks.verify import VERIFIER_TIMEOUT, VERIFY_BUDGET, PeerVerifier
@@ -47,6 +49,8 @@ def window_of(dht_time: float, window_seconds: float) -> int:
 class OwnBatch:
     samples: list[TrainSample] = field(default_factory=list)
     rewards: list[list[float]] = field(default_factory=list)  # [prompt][completion]
+    text_groups: int = 0  # wire groups sent with completion text (swarm.send_text)
+    text_withheld: int = 0  # groups sent without text: some completion had no faithful text (policy/pieces.py)
 
     @property
     def reward_mean(self) -> float:
@@ -121,23 +125,47 @@ def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Se
 def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
                    own: OwnBatch, step: int, created_at: float) -> list[RolloutGroup]:
     """The wire form of this step's own groups (claimed rewards are informational for peers).
-    `created_at`: the DHT time the step started, whose window binds its prompts (swarm/binding.py)."""
+    `created_at`: the DHT time the step started, whose window binds its prompts (swarm/binding.py).
+    With text (`sends_text`), every completion carries its text and piece bytes, or none does."""
     cfg, policy = parts.config, parts.policy
     sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
                               max_new_tokens=cfg.generation.max_new_tokens)
+    with_text = sends_text(parts)
     groups = []
     for problem, group, rewards in zip(problems, completions, own.rewards, strict=True):
+        comps = [Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
+                            claimed_reward=r) for c, r in zip(group, rewards, strict=True)]
+        if with_text:
+            comps = _with_text(parts, comps, own)
         groups.append(RolloutGroup(
             swarm_id=cfg.swarm.swarm_id, sender=parts.peer_id, model_id=policy.model_id,
             model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint,
             policy_version=step, created_at=created_at,
             prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
-            sampling=sampling,
-            completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs,
-                                         finish_reason=c.finish_reason, claimed_reward=r)
-                              for c, r in zip(group, rewards, strict=True)),
+            sampling=sampling, completions=tuple(comps),
         ))
     return groups
+
+
+def sends_text(parts: Any) -> bool:
+    """`swarm.send_text`: always, never, or (auto) while another tokenizer is seen in the swarm."""
+    mode = parts.config.swarm.send_text
+    if mode != "auto":
+        return mode == "always"
+    census = getattr(parts.exchange, "tokenizers", None)
+    return census is not None and bool(census.others(parts.dht_time()))
+
+
+def _with_text(parts: Any, comps: list[Completion], own: OwnBatch) -> list[Completion]:
+    """`comps` with text and piece bytes, or unchanged when one of them has no faithful text."""
+    with _TOKENIZER_LOCK:
+        texts = [completion_text(parts.policy.tokenizer, c.token_ids) for c in comps]
+    if any(t is None for t in texts):
+        own.text_withheld += 1
+        return comps
+    own.text_groups += 1
+    return [dataclasses.replace(c, text=text, piece_bytes=pieces)
+            for c, (text, pieces) in zip(comps, texts, strict=True)]  # type: ignore[misc]
 
 
 def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: int) -> int:
@@ -203,6 +231,9 @@ def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, ste
         current_window=window, staleness_windows=sw.staleness_steps, max_groups=max_groups,
         max_per_peer=sw.max_groups_per_peer, timeout=sw.fetch_timeout_s, rng=random.Random(seed))
     drops: Counter[str] = Counter(fetch_drops)
+    census = getattr(parts.exchange, "tokenizers", None)
+    if sw.send_text == "auto" and census is not None and census.statuses_due(parts.dht_time()):
+        parts.exchange.read_statuses(timeout=sw.fetch_timeout_s / 4)  # notes the swarm's tokenizers
     return peer_samples(parts, groups, max_groups, drops, step, verifier), drops
 
 

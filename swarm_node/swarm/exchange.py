@@ -42,6 +42,7 @@ from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of 
     decode_reason,
     read_statuses,
 )
+from swarm_node.swarm.tokenizers import TokenizerCensus
 from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
@@ -110,6 +111,7 @@ class RolloutExchange:
             min_temperature=temperature_range[0], max_temperature=temperature_range[1],
         )
         self._degraded = DegradedExchangeLog()
+        self.tokenizers = TokenizerCensus(tokenizer_fingerprint or "", record_ttl_s)  # swarm.send_text = auto
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)
         self.drops = DropCounter()  # everything dropped so far (groups and status records)
         self.index = ShardedIndex(self.swarm_id, transport.peer_id, peers_per_shard=index_peers_per_shard,
@@ -182,7 +184,10 @@ class RolloutExchange:
 
     def read_statuses(self, timeout: float) -> list[NodeStatus]:
         """Valid status records of live peers (including this node's), sorted by peer id."""
-        return read_statuses(self.transport, self.swarm_id, self.limits, self.drops, timeout)
+        statuses = read_statuses(self.transport, self.swarm_id, self.limits, self.drops, timeout)
+        for status in statuses:
+            self.tokenizers.note(status.tokenizer_fingerprint, self.transport.dht_time())
+        return statuses
 
     # ---- gathering ----------------------------------------------------------------------
 
@@ -368,6 +373,7 @@ class RolloutExchange:
             return WRONG_TYPE, None
         if group.sender != c.owner:
             return SENDER_MISMATCH, None
+        self.tokenizers.note(group.tokenizer_fingerprint, self.transport.dht_time())
         reasons = validate_group(group, self.limits)
         if reasons:
             return reasons[0], None

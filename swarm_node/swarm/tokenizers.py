@@ -1,0 +1,50 @@
+"""Which tokenizers a swarm holds, as far as this node can tell: the fingerprints in peers' status
+records (`NodeStatus.tokenizer_fingerprint`) and in the groups it fetched, each remembered for a
+while after it was last seen. `swarm.send_text = "auto"` sends completion text while another
+tokenizer than this node's is among them.
+
+A fingerprint is a peer's claim: a peer can make this node send text (about 2 bytes a token more)
+by announcing another one, nothing else. Memory is bounded (`MAX_FINGERPRINTS`, oldest forgotten).
+"""
+
+from __future__ import annotations
+
+import threading
+
+MAX_FINGERPRINTS = 64
+
+
+class TokenizerCensus:
+    """Fingerprints seen, each forgotten `ttl_s` (DHT seconds) after it was last seen. Thread-safe:
+    the gather thread notes, the step thread asks."""
+
+    def __init__(self, own: str, ttl_s: float) -> None:
+        self.own = own
+        self.ttl_s = ttl_s
+        self._seen: dict[str, float] = {}  # fingerprint -> DHT time last seen
+        self._statuses_read_at: float | None = None
+        self._lock = threading.Lock()
+
+    def note(self, fingerprint: str, now: float) -> None:
+        if not fingerprint:
+            return  # observers and version-1 status records name none
+        with self._lock:
+            self._seen.pop(fingerprint, None)
+            self._seen[fingerprint] = now
+            while len(self._seen) > MAX_FINGERPRINTS:
+                del self._seen[next(iter(self._seen))]  # the least recently seen
+
+    def others(self, now: float) -> list[str]:
+        """Fingerprints other than this node's seen within `ttl_s`, most recent last."""
+        with self._lock:
+            for fp in [fp for fp, t in self._seen.items() if now - t > self.ttl_s]:
+                del self._seen[fp]
+            return [fp for fp in self._seen if fp != self.own]
+
+    def statuses_due(self, now: float) -> bool:
+        """True (and marks the read) when status records were last read over ttl_s / 3 ago."""
+        with self._lock:
+            if self._statuses_read_at is not None and now - self._statuses_read_at < self.ttl_s / 3:
+                return False
+            self._statuses_read_at = now
+            return True
