@@ -3,6 +3,10 @@
     python -m benchmarks.collect_rollouts --out rollouts.bin [--model smollm2-135m] [--prompts 2]
     python -m benchmarks.wire --rollouts rollouts.bin
 
+Completions carry their text and piece bytes (`swarm_node.policy.pieces`), as a node sends them
+with `swarm.send_text`; a group with a completion that has no faithful text goes without text
+(counted as `groups_without_text`).
+
 Prints one JSON object as its last line (what was written).
 """
 
@@ -29,6 +33,7 @@ def main() -> None:
     from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
     from swarm_node.policy.generation import HFGenerator
     from swarm_node.policy.models import load_policy
+    from swarm_node.policy.pieces import completion_text
     from swarm_node.tasks import load_prompt_set, render_prompt
 
     policy = load_policy(ModelConfig(name=args.model, device="cpu"))
@@ -40,17 +45,24 @@ def main() -> None:
     with Timer() as t:
         outputs = generator.generate([render_prompt(policy.tokenizer, p.question) for p in problems], args.group_size)
     sampling = SamplingParams(temperature=gen_cfg.temperature, top_p=gen_cfg.top_p, max_new_tokens=args.max_new_tokens)
-    groups = [RolloutGroup(
-        swarm_id="bench", sender="QmBenchmarkSender", model_id=policy.model_id, model_revision=policy.revision or "",
-        tokenizer_fingerprint=policy.fingerprint, policy_version=0, created_at=0.0,
-        prompt=PromptRef(prompt_set_id=prompt_set.id, index=p.index, sha256=p.sha256), sampling=sampling,
-        completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                                     claimed_reward=0.0) for c in group))
-        for p, group in zip(problems, outputs)]
+    groups, without_text = [], 0
+    for p, group in zip(problems, outputs):
+        texts = [completion_text(policy.tokenizer, c.token_ids) for c in group]
+        if any(t is None for t in texts):
+            without_text += 1
+            texts = [("", ())] * len(group)
+        groups.append(RolloutGroup(
+            swarm_id="bench", sender="QmBenchmarkSender", model_id=policy.model_id,
+            model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint, policy_version=0,
+            created_at=0.0, prompt=PromptRef(prompt_set_id=prompt_set.id, index=p.index, sha256=p.sha256),
+            sampling=sampling,
+            completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
+                                         claimed_reward=0.0, text=text, piece_bytes=pieces)
+                              for c, (text, pieces) in zip(group, texts))))
     n = codec.write_rollout_file(args.out, groups)
     tokens = sum(g.num_tokens for g in groups)
     emit({"benchmark": "collect_rollouts", "model": policy.model_id, "groups": n, "tokens": tokens,
-          "seconds": t.seconds, "out": args.out})
+          "groups_without_text": without_text, "seconds": t.seconds, "out": args.out})
 
 
 if __name__ == "__main__":

@@ -3,6 +3,13 @@
     python -m benchmarks.wire                     # synthetic groups: G=8 x 256 tokens
     python -m benchmarks.wire --rollouts FILE     # groups from a rollout file (codec.write_rollout_file)
 
+Each run also measures completion text (cross-tokenizer exchange, `Completion.text` /
+`piece_bytes`): `text` reports bytes per token with and without text in the default scheme, and
+checks that a group without text is exactly as large as in protocol version 1. Rollout files
+from `benchmarks.collect_rollouts` hold text; a file without text is measured without it.
+Synthetic text: each token id stands for a fixed piece of 1-10 letters (mean about 4 bytes, like
+an English BPE vocabulary), so equal tokens give equal text, as with a real tokenizer.
+
 Synthetic data: token ids Zipf-like (s=1.1) over a 49,152-token vocabulary, ranks mapped to ids by a
 fixed random permutation (so ids carry no "frequent = small" help); logprobs like an LM's sampled
 tokens: 80% -exp(N(-4, 2)) (near 0), 20% -exp(N(0.5, 1)) (heavy tail), clipped to [-30, 0], float32.
@@ -13,6 +20,7 @@ with scheme NONE) per second, single thread.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -23,9 +31,24 @@ from benchmarks.common import emit
 from protocol import codec
 from protocol._schema import shuffle_bytes
 from protocol.codec import Scheme, decode, encode
-from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from protocol.messages import PROTOCOL_VERSION, Completion, PromptRef, RolloutGroup, SamplingParams
 
 VOCAB = 49_152
+
+
+def synthetic_vocabulary(seed: int = 1) -> list[bytes]:
+    """A piece of text for every token id: 1-10 bytes (mean ~4), lowercase letters, a leading space
+    on about half of them (as byte-level BPE pieces of words are)."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", np.uint8)
+    freq = 1.0 / np.arange(1, letters.size + 1)
+    freq /= freq.sum()
+    out = []
+    for _ in range(VOCAB):
+        n = int(np.clip(rng.poisson(3.0) + 1, 1, 10))
+        word = bytes(rng.choice(letters, size=n, p=freq).tolist())
+        out.append(b" " + word[1:] if rng.random() < 0.5 and n > 1 else word)
+    return out
 
 
 def synthetic_groups(n_groups: int, group_size: int, tokens: int, seed: int = 0) -> list[RolloutGroup]:
@@ -34,6 +57,7 @@ def synthetic_groups(n_groups: int, group_size: int, tokens: int, seed: int = 0)
     p = ranks**-1.1
     p /= p.sum()
     perm = rng.permutation(VOCAB).astype(np.uint32)
+    vocab = synthetic_vocabulary()
     out = []
     for g in range(n_groups):
         comps = []
@@ -42,7 +66,9 @@ def synthetic_groups(n_groups: int, group_size: int, tokens: int, seed: int = 0)
             near = -np.exp(rng.normal(-4.0, 2.0, tokens))
             tail = -np.exp(rng.normal(0.5, 1.0, tokens))
             lp = np.clip(np.where(rng.random(tokens) < 0.8, near, tail), -30.0, 0.0).astype(np.float32)
-            comps.append(Completion(token_ids=ids, logprobs=lp, finish_reason="length", claimed_reward=0.0))
+            pieces = [vocab[i] for i in ids.tolist()]
+            comps.append(Completion(token_ids=ids, logprobs=lp, finish_reason="length", claimed_reward=0.0,
+                                    text=b"".join(pieces).decode(), piece_bytes=[len(x) for x in pieces]))
         out.append(RolloutGroup(
             swarm_id="bench-swarm", sender="12D3KooWBenchmarkPeerIdentifier00000000000000000",
             model_id="HuggingFaceTB/SmolLM2-135M-Instruct", model_revision="main",
@@ -121,6 +147,37 @@ def measure(groups: list[RolloutGroup], min_seconds: float) -> dict[str, object]
     }
 
 
+def without_text(group: RolloutGroup, version: int = PROTOCOL_VERSION) -> RolloutGroup:
+    return dataclasses.replace(group, protocol_version=version, completions=tuple(
+        dataclasses.replace(c, text="", piece_bytes=np.zeros(0, np.uint16)) for c in group.completions))
+
+
+def measure_text(groups: list[RolloutGroup]) -> dict[str, object]:
+    """Default-scheme bytes per token with and without completion text; a group without text
+    must be exactly as large as in protocol version 1."""
+    n_tokens = sum(g.num_tokens for g in groups)
+    plain = [without_text(g) for g in groups]
+    v1_bytes = sum(len(encode(without_text(g, 1))) for g in groups)
+    plain_bytes = sum(len(encode(g)) for g in plain)
+    assert plain_bytes == v1_bytes, "a group without text must keep the version-1 size"
+    row: dict[str, object] = {
+        "bytes_per_token_without_text": round(plain_bytes / n_tokens, 4),
+        "bytes_per_token_protocol_v1": round(v1_bytes / n_tokens, 4),
+    }
+    if all(c.has_text for g in groups for c in g.completions):
+        blobs = [encode(g) for g in groups]
+        assert all(decode(b) == g for b, g in zip(blobs, groups, strict=True))  # lossless
+        text_bytes = sum(len(c.text.encode()) for g in groups for c in g.completions)
+        row.update({
+            "bytes_per_token_with_text": round(sum(map(len, blobs)) / n_tokens, 4),
+            "bytes_per_token_with_text_raw": round(sum(len(encode(g, Scheme.NONE)) for g in groups) / n_tokens, 4),
+            "text_overhead_bytes_per_token": round((sum(map(len, blobs)) - plain_bytes) / n_tokens, 4),
+            "text_utf8_bytes_per_token": round(text_bytes / n_tokens, 4),
+            "target_with_text": 9.0,
+        })
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", help="read RolloutGroups from this rollout file instead of synthetic data")
@@ -136,9 +193,12 @@ def main() -> None:
         groups = synthetic_groups(args.groups, args.group_size, args.tokens)
         source = {"source": "synthetic", "group_size": args.group_size, "tokens_per_completion": args.tokens,
                   "vocab": VOCAB, "targets": {"bytes_per_token_raw": 8.5, "bytes_per_token": 6.0}}
-    result = {"benchmark": "wire", **source, **measure(groups, args.min_seconds)}
+    text = measure_text(groups)
+    result = {"benchmark": "wire", **source, **measure([without_text(g) for g in groups], args.min_seconds),
+              "text": text}
     for name, row in result["schemes"].items():  # type: ignore[union-attr]
         print(f"{name:28s} {row}")
+    print(f"{'text':28s} {text}")
     emit(result)
 
 
