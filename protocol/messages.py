@@ -174,10 +174,11 @@ class RolloutGroup(_WireEq):
 
     Invariants (checked by validate): protocol_version supported; 1 <= len(completions) <= limit;
     per-token importance weights are only meaningful when `tokenizer_fingerprint` matches the
-    receiver's. `created_at` is the DHT time (float seconds) the sender's step started, when it
-    chose its prompts: the window of `created_at` binds `prompt` (the sender's slot k of that window;
-    see swarm_node/swarm/binding.py and docs/architecture.md, "Prompt binding"), and the group is
-    listed in the sender's index of that window. `policy_version` is the sender's step; it is
+    receiver's (a receiver with another tokenizer needs the completions' text, which every
+    completion of the group carries or none does). `created_at` is the DHT time (float seconds)
+    the sender's step started, when it chose its prompts: the window of `created_at` binds `prompt`
+    (the sender's slot k of that window; see swarm_node/swarm/binding.py and docs/architecture.md,
+    "Prompt binding"), and the group is listed in the sender's index of that window. `policy_version` is the sender's step; it is
     informational and does not enter the prompt assignment.
     """
 
