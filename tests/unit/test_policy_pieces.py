@@ -146,3 +146,43 @@ def test_prefix_decoding_fallback_is_exact() -> None:
 
 def _equal(a: Any, b: Any) -> bool:
     return a is not None and b is not None and a[0] == b[0] and np.array_equal(a[1], b[1])
+
+
+def sentencepiece_like_tokenizer() -> Any:
+    """A tokenizer that is not byte-level, built in code: SentencePiece-style "\u2581" word marks,
+    byte fallback tokens <0xNN> for characters outside its vocabulary, and the leading space of
+    the decoded text stripped (as Llama 2 and Mistral tokenizers decode)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>"]
+    words = ["\u2581", "a", "b", "c", "\u00e9", "\u2581caf", "caf"]
+    vocab = {t: i for i, t in enumerate([*specials, *(f"<0x{b:02X}>" for b in range(256)), *words])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("a b", [0, 1, 1, 1, 0]),  # the first mark decodes to nothing (stripped)
+    ("caf\u00e9 \u6771 b", [0, 1, 1, 1, 2, 1, 0, 0, 3, 1, 1, 0]),  # <0xE6><0x9D><0xB1>: the last completes it
+    ("\U0001f600 c", [0, 0, 0, 0, 4, 1, 1, 0]),
+])
+def test_sentencepiece_like_tokenizer_by_prefix_decoding(text: str, expected: list[int]) -> None:
+    tok = sentencepiece_like_tokenizer()
+    assert pieces.piece_table(tok).raw is None
+    ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
+    got = pieces.completion_text(tok, ids)
+    assert got is not None and got[0] == text == tok.decode(ids, skip_special_tokens=True)
+    assert got[1].tolist() == expected and int(got[1].sum()) == len(text.encode("utf-8"))
+
+
+def test_sentencepiece_like_cut_inside_a_character_has_no_text() -> None:
+    tok = sentencepiece_like_tokenizer()
+    ids = tok.encode("a \u6771", add_special_tokens=False)
+    assert tok.convert_ids_to_tokens(ids)[-3:] == ["<0xE6>", "<0x9D>", "<0xB1>"]
+    assert pieces.completion_text(tok, ids[:-1]) is None
+    assert pieces.completion_text(tok, ids)[0] == "a \u6771"
