@@ -1,7 +1,8 @@
 """Whole nodes over real hivemind DHT processes on loopback, with tiny models.
 
 Three heterogeneous nodes (two model sizes sharing a tokenizer, one of them LoRA) train on each
-other's groups; a node with another tokenizer is skipped with that reason; a misbehaving peer
+other's groups; a node with another tokenizer is skipped with that reason (and makes the others
+send completion text); a misbehaving peer
 writing raw records is counted and dropped while honest nodes keep training.
 """
 
@@ -22,6 +23,7 @@ from swarm_node.config import NodeConfig
 from swarm_node.node import Node
 from swarm_node.tasks.prompts import select_prompts
 from tests.fakes import hash_reward
+from tests.unit.test_send_text import speak_unicode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 SWARM = "itest-nodes"
@@ -101,6 +103,14 @@ def test_other_tokenizer_is_skipped_with_reason(swarm):
     odd.run_step()
     m = honest.run_step()
     assert m.get("dropped_tokenizer_mismatch", 0) >= 1
+    # Having seen another tokenizer, the honest node sends completion text (swarm.send_text = auto),
+    # and its status record names its tokenizer, through the real DHT and its record validators.
+    speak_unicode(honest)
+    assert honest.run_step()["text_groups"] == 2
+    odd.run_step()
+    statuses = {s.peer_id: s.tokenizer_fingerprint for s in odd.parts.exchange.read_statuses(timeout=5.0)}
+    assert statuses[honest.parts.peer_id] == honest.parts.policy.fingerprint
+    assert honest.parts.policy.fingerprint in odd.parts.exchange.tokenizers.others(odd.parts.dht_time())
 
 
 def _valid_group(node: Node, sender: str, index: int, policy_version: int, now: float, **completion_kw) -> RolloutGroup:
