@@ -103,14 +103,6 @@ def test_other_tokenizer_is_skipped_with_reason(swarm):
     odd.run_step()
     m = honest.run_step()
     assert m.get("dropped_tokenizer_mismatch", 0) >= 1
-    # Having seen another tokenizer, the honest node sends completion text (swarm.send_text = auto),
-    # and its status record names its tokenizer, through the real DHT and its record validators.
-    speak_unicode(honest)
-    assert honest.run_step()["text_groups"] == 2
-    odd.run_step()
-    statuses = {s.peer_id: s.tokenizer_fingerprint for s in odd.parts.exchange.read_statuses(timeout=5.0)}
-    assert statuses[honest.parts.peer_id] == honest.parts.policy.fingerprint
-    assert honest.parts.policy.fingerprint in odd.parts.exchange.tokenizers.others(odd.parts.dht_time())
 
 
 def _valid_group(node: Node, sender: str, index: int, policy_version: int, now: float, **completion_kw) -> RolloutGroup:
@@ -210,3 +202,20 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
     victim_record = found.get(victim.parts.peer_id)
     if victim_record is not None:  # the victim published in this window: its index is its own
         assert all(e.policy_version == 0 for e in codec.decode(victim_record.value).entries)
+
+
+def test_another_tokenizer_makes_nodes_send_text(swarm):
+    """Last in the module: its groups would crowd the misbehaving peer's out of a capped gather."""
+    _, make = swarm
+    odd = make("other-tokenizer-2", "tiny-random:64x1:b")
+    speaker = make("speaker", "tiny-random:64x1:a")
+    speak_unicode(speaker)
+    odd.run_step()
+    assert speaker.run_step().get("dropped_tokenizer_mismatch", 0) >= 1
+    # Having seen another tokenizer, the node sends completion text (swarm.send_text = auto), and
+    # its status record names its tokenizer, through the real DHT and its record validators.
+    assert speaker.run_step()["text_groups"] == 2
+    odd.run_step()
+    statuses = {s.peer_id: s.tokenizer_fingerprint for s in odd.parts.exchange.read_statuses(timeout=5.0)}
+    assert statuses[speaker.parts.peer_id] == speaker.parts.policy.fingerprint
+    assert speaker.parts.policy.fingerprint in odd.parts.exchange.tokenizers.others(odd.parts.dht_time())
