@@ -178,7 +178,8 @@ def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: i
 
 def group_record_id(group: RolloutGroup) -> str:
     """A content id of a peer's group: sender, prompt, policy version and every completion's tokens
-    and logprobs (so a re-encoding of the same data has the same id, and any change a new one)."""
+    and logprobs, and its text and pieces when sent (so a re-encoding of the same data has the same
+    id, and any change a new one; a group without text keeps the id it had before text existed)."""
     h = hashlib.sha256()
     p = group.prompt
     for part in (group.sender, p.prompt_set_id, str(p.index), p.sha256, str(group.policy_version)):
@@ -188,6 +189,10 @@ def group_record_id(group: RolloutGroup) -> str:
         tokens = np.asarray(c.token_ids, dtype="<u4").tobytes()
         logprobs = np.asarray(c.logprobs, dtype="<f4").tobytes()
         h.update(len(tokens).to_bytes(8, "little") + tokens + logprobs)
+        if c.has_text:
+            text = c.text.encode("utf-8", "surrogatepass")
+            pieces = np.asarray(c.piece_bytes, dtype="<u2").tobytes()
+            h.update(b"text" + len(text).to_bytes(8, "little") + text + len(pieces).to_bytes(8, "little") + pieces)
     return h.hexdigest()
 
 

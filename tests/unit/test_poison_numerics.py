@@ -195,6 +195,13 @@ def test_record_id_is_a_content_id() -> None:
     changed = dataclasses.replace(g, completions=(dataclasses.replace(g.completions[0], logprobs=lp), g.completions[1]))
     assert group_record_id(changed) != group_record_id(g)
     assert group_record_id(dataclasses.replace(g, sender="other")) != group_record_id(g)
+    # Text is part of the content: another text for the same tokens is another record.
+    def texted(text: str) -> RolloutGroup:
+        return dataclasses.replace(g, completions=tuple(
+            dataclasses.replace(c, text=text, piece_bytes=[len(text)] + [0] * (c.token_ids.shape[0] - 1))
+            for c in g.completions))
+    assert group_record_id(texted("4")) == group_record_id(decode(encode(texted("4"))))
+    assert len({group_record_id(g), group_record_id(texted("4")), group_record_id(texted("5"))}) == 3
 
 
 # ---- through the node loop: the attacks as a peer mounts them --------------------------------------
