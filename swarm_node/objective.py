@@ -63,7 +63,7 @@ from swarm_node.kl import (  # re-exported: the KL estimators and the log-ratio 
     per_sample_kl,
     token_kl,
 )
-from swarm_node.objective_chunks import broadcast, check_chunk_ids, chunk_mask, chunk_sum, is_identity, tokens_per_chunk
+from swarm_node.objective_chunks import broadcast, check_chunk_ids, chunk_mask, chunk_sum, tokens_per_chunk
 from swarm_node.objective_stats import QUANTILES, ObjectiveStats  # re-exported
 
 __all__ = [
@@ -288,7 +288,7 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     weights = inputs.sample_weights.detach().to(dtype)  # [B]
     objective = (term * active.to(dtype) * weights[:, None]).sum()
     stats = _stats(inputs, cfg, rho, truncated_rho, clip_log_ratio.detach(), adv, kls,
-                   (bad_adv, bad_kl, filtered), active, mask_c)
+                   (bad_adv, bad_kl, filtered), active)
     return -objective, stats
 
 
@@ -296,13 +296,11 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
 def _stats(
     inputs: ObjectiveInputs, cfg: ObjectiveConfig, rho: Tensor, truncated_rho: Tensor, clip_log_ratio: Tensor,
     adv: Tensor, kls: dict[str, Tensor], conditions: tuple[Tensor, Tensor, Tensor], active: Tensor,
-    chunk_valid: Tensor,
 ) -> ObjectiveStats:
     """Diagnostics of one call, as device tensors (no host synchronisation); sums in float64.
 
     rho, truncated_rho [B,T] (1 on padding); clip_log_ratio [B,T] (0 where inactive); adv [B] = A';
-    kls: estimator -> [B]; conditions: [B] bool (advantage condition, KL condition, dropped);
-    chunk_valid: [B,C] bool, the valid chunks ([B,T] mask without chunk ids).
+    kls: estimator -> [B]; conditions: [B] bool (advantage condition, KL condition, dropped).
     """
     f64 = torch.float64
     mask = inputs.mask
@@ -314,7 +312,6 @@ def _stats(
     clipped = active & (((clip_log_ratio > _log1p(eps)) & (a > 0)) | ((clip_log_ratio < _log1p(-eps)) & (a < 0)))
     w = truncated_rho * maskf  # [B,T], 0 on padding
     neg_inf = torch.tensor(float("-inf"), dtype=f64, device=rho.device)
-    chunked = torch.zeros_like(inputs.is_peer) if inputs.chunk_ids is None else ~is_identity(inputs.chunk_ids, mask)
     return ObjectiveStats(
         n_samples=torch.tensor(float(mask.shape[0]), dtype=f64, device=mask.device),
         n_peer_samples=inputs.is_peer.sum().to(f64),
@@ -335,9 +332,6 @@ def _stats(
         n_clipped=clipped.sum().to(f64),
         w_sum=w.sum(dtype=f64),
         w_sq_sum=(w * w).sum(dtype=f64),
-        n_chunked_samples=chunked.sum().to(f64),
-        n_chunked_tokens=(mask & chunked[:, None]).sum().to(f64),
-        n_chunks=(chunk_valid & chunked[:, None]).sum().to(f64),
         kl_values=kls[cfg.kl_estimator].to(f64),
         kl_k3_gen_values=kls["k3_gen"].to(f64),
         kl_k3_theta_values=kls["k3_theta"].to(f64),

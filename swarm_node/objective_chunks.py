@@ -60,8 +60,3 @@ def tokens_per_chunk(chunk_ids: Tensor, mask: Tensor, dtype: torch.dtype) -> Ten
     counts = chunk_sum(mask.to(dtype), chunk_ids, mask)  # [B,C]
     return torch.where(mask, broadcast(counts, chunk_ids, mask), 1.0)
 
-
-def is_identity(chunk_ids: Tensor, mask: Tensor) -> Tensor:
-    """[B] bool: samples whose every valid token is its own chunk (chunk id == position)."""
-    positions = torch.arange(mask.shape[1], device=mask.device)[None, :]
-    return ((chunk_ids.long() == positions) | ~mask).all(dim=1)

@@ -32,8 +32,8 @@ class ObjectiveStats:
     estimators on peers' samples (`kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`), so a run shows both.
 
     Cross-tokenizer samples (`swarm_node.crosstok`) are scored per chunk: their token statistics
-    count own tokens, each carrying its chunk's weight; `crosstok_samples` counts them and
-    `crosstok_tokens_per_chunk` is their own tokens per chunk (1 would be the same tokenizer).
+    count this node's tokens, each carrying its chunk's weight (rho of the chunk); their KL values
+    are over chunks (`mean`: per chunk).
     """
 
     n_samples: Tensor
@@ -55,9 +55,6 @@ class ObjectiveStats:
     n_clipped: Tensor
     w_sum: Tensor
     w_sq_sum: Tensor
-    n_chunked_samples: Tensor  # samples scored per chunk (another tokenizer's, not one token per chunk)
-    n_chunked_tokens: Tensor  # their valid own tokens
-    n_chunks: Tensor  # their valid chunks
     kl_values: Tensor  # [n_samples] float64, the configured estimator
     kl_k3_gen_values: Tensor  # [n_samples] float64
     kl_k3_theta_values: Tensor  # [n_samples] float64
@@ -115,8 +112,6 @@ class ObjectiveStats:
             "truncated_peer_fraction": frac(self.n_peer_truncated, peer_tok),
             "clipped_fraction": frac(self.n_clipped, tok),
             "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
-            "crosstok_samples": float(self.n_chunked_samples),
-            "crosstok_tokens_per_chunk": frac(self.n_chunked_tokens, self.n_chunks),
         }
         values = self.kl_values.detach().cpu()
         peer = self.kl_is_peer.cpu()

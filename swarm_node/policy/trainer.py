@@ -385,9 +385,13 @@ def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size:
 def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
     """Batch composition in `swarm_node.metrics` terms (the objective reports peer_samples_used)."""
     own = [s for s in samples if not s.is_peer]
+    crosstok = [s.chunk_ids for s in samples if s.chunk_ids is not None and len(s.chunk_ids)]
+    chunks = sum(int(c[-1]) + 1 for c in crosstok)  # chunk ids run 0..n-1 in order
     return {
         "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
         "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
         "own_samples": float(len(own)),
         "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
+        "crosstok_samples": float(len(crosstok)),
+        "crosstok_tokens_per_chunk": sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
     }
