@@ -68,7 +68,8 @@ def parse_tiny_spec(name: str) -> TinySpec:
     """Parse `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]`; raises ValueError if malformed."""
     m = _SPEC_RE.match(name)
     if m is None:
-        raise ValueError(f"bad tiny model spec {name!r}: expected tiny-random:<hidden>x<layers>[-tied][:<a|b|c>[:<seed>]]")
+        raise ValueError(f"bad tiny model spec {name!r}: "
+                         "expected tiny-random:<hidden>x<layers>[-tied][:<a|b|c>[:<seed>]]")
     hidden, layers = int(m.group(1)), int(m.group(2))
     tied, variant, seed = m.group(3) is not None, m.group(4) or "a", int(m.group(5) or 0)
     if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:

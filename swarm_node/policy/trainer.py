@@ -355,8 +355,8 @@ def _chunk_ids(batch: _Batch, idx: list[int]) -> Tensor | None:
     rows = [batch.chunk_ids[i] for i in idx]
     if all(r is None for r in rows):
         return None
-    return pad_right([r if r is not None else torch.arange(len(batch.completions[i]), device=batch.completions[i].device)
-                      for i, r in zip(idx, rows, strict=True)], 0, torch.long)
+    positions = [torch.arange(len(batch.completions[i]), device=batch.completions[i].device) for i in idx]
+    return pad_right([r if r is not None else p for r, p in zip(rows, positions, strict=True)], 0, torch.long)
 
 
 def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
