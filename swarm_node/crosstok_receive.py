@@ -18,7 +18,8 @@ A completion that cannot be used is dropped with a counted reason (peer data is 
   text_too_long    more own tokens than the caller allows
 A group is used whole or not at all (`receive_group`): a dropped completion would bias its group's
 advantages. The work done is this node's tokenization of the text: `own_tokens` counts it, for the
-per-step peer budgets.
+per-step peer budgets. A receiver converts a group first (cheap, and it may drop the group), then
+computes the rewards from the completions' texts, then makes the samples (`train_samples`).
 """
 
 from __future__ import annotations
@@ -150,28 +151,35 @@ def receive_completion(tokenizer: Any, eos_token_id: int, completion: ForeignCom
 
 @dataclass(frozen=True)
 class ReceivedGroup:
-    """A foreign group as training samples (all its completions), or the first reason one failed.
-    `own_tokens`: tokens this node's tokenizer produced for the group (its cost)."""
+    """A foreign group in this node's tokens (every completion's view, in order), or none with the
+    first reason one failed. `own_tokens`: tokens this node's tokenizer produced for it (its cost)."""
 
-    samples: list[TrainSample]
+    views: list[OwnView]
     reason: str | None
     own_tokens: int
 
 
 def receive_group(tokenizer: Any, eos_token_id: int, completions: Sequence[ForeignCompletion],
-                  rewards: Sequence[float], *, prompt_ids: np.ndarray, group_key: str, source: str,
-                  record_id: str = "", max_own_tokens: int | None = None) -> ReceivedGroup:
-    """Training samples of a whole foreign group (prompt rendered by this node), or none with the
-    reason of its first unusable completion (module doc)."""
-    samples, spent = [], 0
-    for completion, reward in zip(completions, rewards, strict=True):
+                  max_own_tokens: int | None = None) -> ReceivedGroup:
+    """Every completion of a foreign group in this node's tokens, or none with the reason of the
+    first unusable one (module doc). Cheaper than verifying the group's answers: run it first."""
+    views, spent = [], 0
+    for completion in completions:
         got = receive_completion(tokenizer, eos_token_id, completion, max_own_tokens)
         spent += got.own_tokens
         if got.view is None:
             return ReceivedGroup([], got.reason, spent)
-        samples.append(TrainSample(
-            group_key=group_key, prompt_ids=np.asarray(prompt_ids, dtype=np.int64),
-            completion_ids=got.view.completion_ids, generator_logprobs=got.view.generator_logprobs,
-            reward=float(reward), is_peer=True, source=source, record_id=record_id,
-            chunk_ids=got.view.chunk_ids))
-    return ReceivedGroup(samples, None, spent)
+        views.append(got.view)
+    return ReceivedGroup(views, None, spent)
+
+
+def train_samples(views: Sequence[OwnView], rewards: Sequence[float], *, prompt_ids: np.ndarray, group_key: str,
+                  source: str, record_id: str = "") -> list[TrainSample]:
+    """Peer training samples of a received group: this node's prompt ids (its own template), the
+    views' tokens, chunk ids and generator logprob shares, and the rewards this node computed from
+    the completions' texts (which the views reproduce exactly)."""
+    prompt = np.asarray(prompt_ids, dtype=np.int64)
+    return [TrainSample(group_key=group_key, prompt_ids=prompt, completion_ids=v.completion_ids,
+                        generator_logprobs=v.generator_logprobs, reward=float(r), is_peer=True, source=source,
+                        record_id=record_id, chunk_ids=v.chunk_ids)
+            for v, r in zip(views, rewards, strict=True)]

@@ -21,6 +21,7 @@ from swarm_node.crosstok_receive import (
     own_piece_bytes,
     receive_completion,
     receive_group,
+    train_samples,
 )
 from swarm_node.policy import tiny
 from swarm_node.policy.models import tokenizer_fingerprint
@@ -138,17 +139,18 @@ def test_malformed_sender_fields_are_dropped(tok) -> None:
 def test_a_group_is_used_whole_or_not_at_all(tok) -> None:
     own = tok["c"]
     good = [send(tok["a"], t, seed=i)[1] for i, t in enumerate(("12 + 3 = 15", "The answer is 4", "no"))]
-    got = receive_group(own, own.eos_token_id, good, [1.0, 0.0, 0.0], prompt_ids=np.array([1, 5, 7]),
-                        group_key="peer:3:9", source="peer", record_id="r1")
-    assert got.reason is None and len(got.samples) == 3
-    assert got.own_tokens == sum(len(s.completion_ids) for s in got.samples)
-    s = got.samples[0]
+    got = receive_group(own, own.eos_token_id, good)
+    assert got.reason is None and len(got.views) == 3
+    assert got.own_tokens == sum(v.own_tokens for v in got.views)
+    samples = train_samples(got.views, [1.0, 0.0, 0.0], prompt_ids=np.array([1, 5, 7]), group_key="peer:3:9",
+                            source="peer", record_id="r1")
+    s = samples[0]
     assert s.is_peer and s.chunk_ids is not None and s.reward == 1.0 and s.record_id == "r1"
+    assert [x.reward for x in samples] == [1.0, 0.0, 0.0] and s.prompt_ids.tolist() == [1, 5, 7]
     assert len(s.chunk_ids) == len(s.completion_ids) == len(s.generator_logprobs)
     broken = [*good[:2], Sent("\u20ac", np.array([2, 0], np.uint16), np.full(2, -1.0, np.float32), "stop")]
-    got = receive_group(own, own.eos_token_id, broken, [1.0, 0.0, 0.0], prompt_ids=np.array([1]),
-                        group_key="k", source="peer")
-    assert got.samples == [] and got.reason == DROP_PIECE_BYTES and got.own_tokens > 0
+    got = receive_group(own, own.eos_token_id, broken)
+    assert got.views == [] and got.reason == DROP_PIECE_BYTES and got.own_tokens > 0
 
 
 def test_trained_tiny_tokenizer_is_deterministic(tok) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swarm_node.config import ModelConfig, ObjectiveConfig, TrainConfig
-from swarm_node.crosstok_receive import own_piece_bytes, receive_group
+from swarm_node.crosstok_receive import own_piece_bytes, receive_group, train_samples
 from swarm_node.policy.models import Policy, load_policy
 from swarm_node.policy.scoring import token_logprobs
 from swarm_node.policy.trainer import Trainer
@@ -70,10 +70,9 @@ def foreign_group(sender: Policy, receiver: Policy, texts: list[str], rewards: l
         pieces = np.append(own_piece_bytes(stok, ids[:-1], text), 0).astype(np.uint16)
         sent.append(Sent(text, pieces, logprobs, "stop"))
     own_prompt = np.asarray(render_prompt(rtok, "What is 12 + 3?"), dtype=np.int64)
-    got = receive_group(rtok, rtok.eos_token_id, sent, rewards, prompt_ids=own_prompt, group_key="peer:0:1",
-                        source="peer-a")
+    got = receive_group(rtok, rtok.eos_token_id, sent)
     assert got.reason is None
-    return got.samples
+    return train_samples(got.views, rewards, prompt_ids=own_prompt, group_key="peer:0:1", source="peer-a")
 
 
 TEXTS = ["12 + 3 = 15, so the answer is 15.", "The answer is 9 \u20ac"]
