@@ -72,6 +72,8 @@ TRUNCATED_FRACTION = "truncated_fraction"
 TRUNCATED_PEER_FRACTION = "truncated_peer_fraction"
 CLIPPED_FRACTION = "clipped_fraction"
 ESS = "ess"
+CROSSTOK_SAMPLES = "crosstok_samples"
+CROSSTOK_TOKENS_PER_CHUNK = "crosstok_tokens_per_chunk"
 LOSS = "loss"
 GRAD_NORM = "grad_norm"
 LR = "lr"
@@ -140,6 +142,8 @@ METRICS: dict[str, str] = {
     TRUNCATED_PEER_FRACTION: "Fraction of peers' tokens whose importance weight was truncated at C.",
     CLIPPED_FRACTION: "Fraction of tokens where the PPO clip was active.",
     ESS: "Effective sample size of the importance weights, normalised to [0, 1].",
+    CROSSTOK_SAMPLES: "Peer samples generated with another tokenizer in the batch, scored per chunk of aligned text.",
+    CROSSTOK_TOKENS_PER_CHUNK: "This node's tokens per aligned chunk over cross-tokenizer samples (1: no merging).",
     LOSS: "Objective value of the step.",
     GRAD_NORM: "Gradient norm before clipping.",
     LR: "Learning rate used in the step.",

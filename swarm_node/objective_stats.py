@@ -30,6 +30,10 @@ class ObjectiveStats:
     samples the rule drops (`objective.filter_rule`: either condition under `or`, both under `and`).
     The per-sample KL is kept for the configured estimator (`kl_*`, `kl_peer_*`) and for both
     estimators on peers' samples (`kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`), so a run shows both.
+
+    Cross-tokenizer samples (`swarm_node.crosstok`) are scored per chunk: their token statistics
+    count this node's tokens, each carrying its chunk's weight (rho of the chunk); their KL values
+    are over chunks (`mean`: per chunk).
     """
 
     n_samples: Tensor

@@ -10,6 +10,12 @@ non-finite step) go to the node's reject list and stay refused across restarts.
 The protocol layer has already checked structure and limits (`protocol.validate`, in the
 exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
 against the node's own copy of the prompt set, and the reward, which is always recomputed.
+
+A group from another tokenizer (its fingerprint differs) is taken when `swarm.cross_tokenizer` is on
+(the default) and it carries every completion's text and piece byte lengths: it is converted to this
+node's tokens first (`swarm_node.crosstok_receive`; a completion that does not round-trip drops the
+whole group, counted by reason), its rewards are computed from the texts, and its samples carry
+chunk ids (F-TIS per chunk of aligned text). Otherwise it is dropped (`tokenizer_mismatch`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from protocol import keys
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from swarm_node.crosstok_receive import receive_group, train_samples
 from swarm_node.policy.pieces import completion_text
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
 from swarm_node.tasks.base import Problem
@@ -75,6 +82,7 @@ class PeerBatch:
     groups: int = 0
     verify_seconds: float = 0.0  # spent computing the peers' rewards
     newest_created_at: float | None = None  # DHT time the newest taken group was made
+    crosstok_tokens: int = 0  # own tokens made from other tokenizers' texts (crosstok_receive), dropped included
 
 
 def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
@@ -262,8 +270,19 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         if reason is not None:
             drops[reason] += 1
             continue
-        token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
-        verdict = verifier.group_rewards([_decode(parts, ids) for ids in token_ids], problem, group.sender)
+        received = None
+        if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
+            with _TOKENIZER_LOCK:
+                received = receive_group(parts.policy.tokenizer, parts.policy.stop_token_ids[0], group.completions)
+            batch.crosstok_tokens += received.own_tokens
+            if received.reason is not None:
+                drops[received.reason] += 1
+                continue
+            texts = [c.text for c in group.completions]
+        else:
+            token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
+            texts = [_decode(parts, ids) for ids in token_ids]
+        verdict = verifier.group_rewards(texts, problem, group.sender)
         batch.verify_seconds += verdict.seconds
         if verdict.rewards is None:
             drops[verdict.reason or VERIFY_BUDGET] += 1
@@ -276,11 +295,15 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         # The prompt is rendered with this node's own template: the node trains its own policy.
         prompt = np.asarray(render_prompts(parts, [problem])[0], dtype=np.int64)
         key = _group_key(parts, group.sender, group.policy_version, problem.index)
-        for c, ids, reward in zip(group.completions, token_ids, verdict.rewards, strict=True):
-            batch.samples.append(TrainSample(
-                group_key=key, prompt_ids=prompt, completion_ids=ids,
-                generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
-                reward=reward, is_peer=True, source=group.sender, record_id=record_id))
+        if received is not None:
+            batch.samples += train_samples(received.views, verdict.rewards, prompt_ids=prompt, group_key=key,
+                                           source=group.sender, record_id=record_id)
+        else:
+            for c, ids, reward in zip(group.completions, token_ids, verdict.rewards, strict=True):
+                batch.samples.append(TrainSample(
+                    group_key=key, prompt_ids=prompt, completion_ids=ids,
+                    generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
+                    reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
@@ -293,6 +316,19 @@ def _group_reason(parts: Any, group: RolloutGroup) -> str | None:
         return DROP_OWN_ECHO
     if group.swarm_id != parts.config.swarm.swarm_id:
         return DROP_WRONG_SWARM
-    if group.tokenizer_fingerprint != parts.policy.fingerprint:
+    if group.tokenizer_fingerprint != parts.policy.fingerprint and not _cross_tokenizer(parts, group):
         return DROP_TOKENIZER  # per-token weights would compare different token streams
     return None
+
+
+def _cross_tokenizer(parts: Any, group: RolloutGroup) -> bool:
+    """Whether a group from another tokenizer can be taken: `swarm.cross_tokenizer` is on and every
+    completion carries its text's piece byte lengths, one per token (a sender that does not send
+    its texts sends none)."""
+    if not getattr(parts.config.swarm, "cross_tokenizer", True):
+        return False
+    for c in group.completions:
+        pieces = getattr(c, "piece_bytes", None)
+        if pieces is None or len(pieces) != len(c.token_ids) or not isinstance(getattr(c, "text", None), str):
+            return False
+    return True

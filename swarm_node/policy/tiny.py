@@ -8,6 +8,10 @@ fingerprints), so tests can pair nodes with matching and non-matching tokenizers
 
     a: 3 special tokens (ids 0-2), then the 256 byte-level tokens                (259 tokens)
     b: the 256 byte-level tokens, 100 merged digit pairs "00".."99", then specials (359 tokens)
+    c: a byte-level BPE *trained* (in ~0.1 s, deterministically) on generated arithmetic text:
+       specials (ids 0-2), the 256 bytes, then learnt merges such as "Ġ345", "Ġanswer"
+       (TRAINED_VOCAB_SIZE tokens): token boundaries unlike a, b or SmolLM2's, for cross-tokenizer
+       tests (`swarm_node.crosstok`)
 
 Both have a ChatML-like chat template and `<|im_end|>` as the eos token. Head dim is 32 (vLLM
 needs >= 32), so hidden must be a multiple of 32. Random init gives a near-uniform next-token
@@ -24,13 +28,16 @@ import re
 from dataclasses import dataclass
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+import random
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 PREFIX = "tiny-random:"
 HEAD_DIM = 32
 SPECIALS = ("<|pad|>", "<|im_start|>", "<|im_end|>")
-VARIANTS = ("a", "b")
+VARIANTS = ("a", "b", "c")
+TRAINED_VOCAB_SIZE = 512
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -61,7 +68,8 @@ def parse_tiny_spec(name: str) -> TinySpec:
     """Parse `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]`; raises ValueError if malformed."""
     m = _SPEC_RE.match(name)
     if m is None:
-        raise ValueError(f"bad tiny model spec {name!r}: expected tiny-random:<hidden>x<layers>[-tied][:<a|b>[:<seed>]]")
+        raise ValueError(f"bad tiny model spec {name!r}: "
+                         "expected tiny-random:<hidden>x<layers>[-tied][:<a|b|c>[:<seed>]]")
     hidden, layers = int(m.group(1)), int(m.group(2))
     tied, variant, seed = m.group(3) is not None, m.group(4) or "a", int(m.group(5) or 0)
     if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:
@@ -73,11 +81,35 @@ def parse_tiny_spec(name: str) -> TinySpec:
     return TinySpec(hidden, layers, variant, seed, tied)
 
 
+def _arithmetic_corpus(n: int = 2000, seed: int = 0) -> list[str]:
+    """Generated arithmetic questions and answers (fixed seed: the same text on every machine)."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        a, b, op = rng.randint(0, 999), rng.randint(0, 999), rng.choice("+-*")
+        r = a + b if op == "+" else a - b if op == "-" else a * b
+        lines.append(f"What is {a} {op} {b}? The answer is {r}. So {a} {op} {b} = {r}.\n\\boxed{{{r}}}")
+    return lines
+
+
+def _trained_tokenizer() -> Tokenizer:
+    """Variant c: byte-level BPE trained on `_arithmetic_corpus` (deterministic: fixed text, and
+    the trainer breaks ties between equally frequent pairs by the pair itself)."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(vocab_size=TRAINED_VOCAB_SIZE, min_frequency=2, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_arithmetic_corpus(), trainer=trainer)
+    return tok
+
+
 def build_tiny_tokenizer(variant: str) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (any text encodes; decode(encode(s)) == s) built in code."""
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 printable stand-ins for bytes
     merges: list[tuple[str, str]] = []
-    if variant == "a":
+    if variant == "c":
+        tok = _trained_tokenizer()
+    elif variant == "a":
         vocab = {tok: i for i, tok in enumerate([*SPECIALS, *alphabet])}
     elif variant == "b":
         pairs = [f"{x}{y}" for x in "0123456789" for y in "0123456789"]
@@ -85,8 +117,9 @@ def build_tiny_tokenizer(variant: str) -> PreTrainedTokenizerFast:
         vocab = {tok: i for i, tok in enumerate([*alphabet, *pairs, *SPECIALS])}
     else:
         raise ValueError(f"unknown tiny tokenizer variant {variant!r}")
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if variant != "c":
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(SPECIALS))
     hf = PreTrainedTokenizerFast(

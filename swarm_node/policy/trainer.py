@@ -11,7 +11,10 @@
   3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest (one prompt per
      micro-batch, so the scorer runs that prompt once) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
-     last micro-batch clips the gradient norm and takes one AdamW step.
+     last micro-batch clips the gradient norm and takes one AdamW step. Samples generated with
+     another tokenizer carry `chunk_ids` (`swarm_node.crosstok`); a micro-batch holding one passes
+     every row's chunk ids to the objective (positions for the others), which then takes the
+     ratios against pi_gen per chunk.
      `step_start_logprobs` (pi_theta_old, read by the KL filter, the importance weight and the PPO
      ratio) are the first epoch's trainer logprobs, detached: the weights have not moved yet at
      that point, so no separate no-grad pass is needed. Scoring runs in eval mode (dropout off),
@@ -63,7 +66,7 @@ from swarm_node.objective import (
     unscored_stats,
 )
 from swarm_node.policy.models import Policy
-from swarm_node.policy.scoring import padded_batch, token_logprobs
+from swarm_node.policy.scoring import pad_right, padded_batch, token_logprobs
 from swarm_node.policy.types import TrainSample
 
 
@@ -104,6 +107,7 @@ class _Batch:
     prompts: list[Tensor]  # B x [P_i] long
     completions: list[Tensor]  # B x [T_i] long
     generator_logprobs: list[Tensor]  # B x [T_i] float32
+    chunk_ids: list[Tensor | None]  # B x [T_i] long, None for a sample in this node's tokens
     advantages: Tensor  # [B]
     weights: Tensor  # [B] float64
     is_peer: Tensor  # [B] bool
@@ -219,6 +223,9 @@ class Trainer:
             if len(s.generator_logprobs) != len(s.completion_ids):
                 raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
                                  f"{len(s.generator_logprobs)} generator logprobs")
+            if s.chunk_ids is not None and len(s.chunk_ids) != len(s.completion_ids):
+                raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
+                                 f"{len(s.chunk_ids)} chunk ids")
         ocfg = self.objective_cfg
         advantages = group_advantages(rewards, group_ids, scale_by_std=ocfg.scale_by_std, eps=ocfg.advantage_eps)
         is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
@@ -234,6 +241,8 @@ class Trainer:
             completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
             generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
                                 for s in samples],
+            chunk_ids=[None if s.chunk_ids is None else torch.as_tensor(s.chunk_ids, dtype=torch.long, device=device)
+                       for s in samples],
             advantages=advantages,
             weights=sample_weights(group_ids, lengths, ocfg.normalization),
             is_peer=is_peer,
@@ -262,7 +271,7 @@ class Trainer:
                     trainer_logprobs=logprobs, step_start_logprobs=logprobs,
                     generator_logprobs=padded_batch([batch.generator_logprobs[i] for i in idx])[0], mask=mask,
                     advantages=batch.advantages[index], is_peer=batch.is_peer[index],
-                    sample_weights=batch.weights[index])
+                    sample_weights=batch.weights[index], chunk_ids=_chunk_ids(batch, idx))
                 stats.merge(objective_loss(inputs, self.objective_cfg)[1])
         finally:
             model.train(was_training)
@@ -292,6 +301,7 @@ class Trainer:
                 advantages=batch.advantages[index],
                 is_peer=batch.is_peer[index],
                 sample_weights=batch.weights[index],
+                chunk_ids=_chunk_ids(batch, idx),
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
@@ -339,6 +349,16 @@ class Trainer:
         self.step_count = int(state["step_count"])
 
 
+def _chunk_ids(batch: _Batch, idx: list[int]) -> Tensor | None:
+    """[b, T] chunk ids of a micro-batch (positions for rows in own tokens, 0 on padding), or None
+    when every row is in this node's tokens (the objective's per-token path)."""
+    rows = [batch.chunk_ids[i] for i in idx]
+    if all(r is None for r in rows):
+        return None
+    positions = [torch.arange(len(batch.completions[i]), device=batch.completions[i].device) for i in idx]
+    return pad_right([r if r is not None else p for r, p in zip(rows, positions, strict=True)], 0, torch.long)
+
+
 def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
     """The samples of a micro-batch with a non-finite loss that hold non-finite inputs at valid
     positions (all of the micro-batch when none does: the loss cannot then be traced further)."""
@@ -365,9 +385,13 @@ def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size:
 def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
     """Batch composition in `swarm_node.metrics` terms (the objective reports peer_samples_used)."""
     own = [s for s in samples if not s.is_peer]
+    crosstok = [s.chunk_ids for s in samples if s.chunk_ids is not None and len(s.chunk_ids)]
+    chunks = sum(int(c[-1]) + 1 for c in crosstok)  # chunk ids run 0..n-1 in order
     return {
         "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
         "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
         "own_samples": float(len(own)),
         "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
+        "crosstok_samples": float(len(crosstok)),
+        "crosstok_tokens_per_chunk": sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
     }

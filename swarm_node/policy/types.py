@@ -31,11 +31,16 @@ class TrainSample:
 
     prompt_ids:         int64 [P]
     completion_ids:     int64 [T]
-    generator_logprobs: float32 [T], sampled-token logprobs under the generating policy pi_gen
+    generator_logprobs: float32 [T], sampled-token logprobs under the generating policy pi_gen; for a
+                        sample generated with another tokenizer, per-token shares of the chunks'
+                        logprobs: log pi_gen(chunk) on the chunk's last token, 0 on its others
     reward:             recomputed locally, never a peer's claim
     is_peer:            True when another node generated it (filters apply by scope)
     source:             "self" or the generating peer's id
     record_id:          peer samples: the id of the wire group they came from (rollouts.group_record_id)
+    chunk_ids:          int64 [T] or None: for a sample generated with another tokenizer, the chunk
+                        of aligned text each own token belongs to (nondecreasing from 0,
+                        `swarm_node.crosstok`); None when the generator's tokens are these tokens
     """
 
     group_key: str
@@ -46,6 +51,7 @@ class TrainSample:
     is_peer: bool
     source: str = "self"
     record_id: str = ""
+    chunk_ids: np.ndarray | None = None
 
 
 class Generator(Protocol):

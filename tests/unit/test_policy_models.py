@@ -28,7 +28,8 @@ def test_tiny_spec_parsing() -> None:
     assert tiny.parse_tiny_spec("tiny-random:128x2") == tiny.TinySpec(128, 2, "a", 0)
     assert tiny.parse_tiny_spec("tiny-random:64x3:b:7") == tiny.TinySpec(64, 3, "b", 7)
     assert tiny.parse_tiny_spec("tiny-random:64x1-tied") == tiny.TinySpec(64, 1, "a", 0, tied=True)
-    for bad in ("tiny-random:100x2", "tiny-random:128", "tiny-random:128x2:c", "tiny-random:128x0", "tiny:128x2"):
+    assert tiny.parse_tiny_spec("tiny-random:64x1:c") == tiny.TinySpec(64, 1, "c", 0)
+    for bad in ("tiny-random:100x2", "tiny-random:128", "tiny-random:128x2:d", "tiny-random:128x0", "tiny:128x2"):
         with pytest.raises(ValueError):
             tiny.parse_tiny_spec(bad)
 

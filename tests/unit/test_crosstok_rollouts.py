@@ -1,0 +1,103 @@
+"""A node takes a peer group from another tokenizer when it carries its texts (rollouts.peer_samples):
+samples in this node's tokens with chunk ids, rewards from the texts; drops counted by reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from swarm_node import rollouts
+from swarm_node.crosstok_receive import DROP_TEXT_ROUNDTRIP, own_piece_bytes
+from swarm_node.policy import tiny
+from swarm_node.policy.models import tokenizer_fingerprint
+from swarm_node.swarm.memory import MemorySwarm
+from tests.fakes import hash_reward
+from tests.unit.test_node_loop import make_node
+
+
+@dataclass
+class TextCompletion:
+    """A wire completion with the text fields a cross-tokenizer sender adds."""
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    finish_reason: str
+    claimed_reward: float
+    text: str
+    piece_bytes: np.ndarray
+
+
+SENDER = tiny.build_tiny_tokenizer("a")
+TEXTS = ["12 + 3 = 15", "the answer is \\boxed{15}", "7 \u20ac", "no idea"]
+
+
+def completion(text: str, *, pieces_ok: bool = True) -> TextCompletion:
+    ids = [*SENDER.encode(text, add_special_tokens=False), SENDER.eos_token_id]
+    pieces = np.append(own_piece_bytes(SENDER, ids[:-1], text), 0)
+    logprobs = -np.linspace(0.1, 2.0, len(ids)).astype(np.float32)
+    return TextCompletion(np.asarray(ids, np.uint32), logprobs, "stop", 0.0, text if pieces_ok else text + "\u00e9",
+                          pieces.astype(np.uint16))
+
+
+def group(parts: Any, completions: list, fingerprint: str = tokenizer_fingerprint(SENDER)) -> RolloutGroup:
+    problem = parts.prompt_set.problems[3]
+    return RolloutGroup(
+        swarm_id=parts.config.swarm.swarm_id, sender="peer-a", model_id="tiny-random:64x1:a", model_revision="",
+        tokenizer_fingerprint=fingerprint, policy_version=1, created_at=0.0,
+        prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
+        sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=32), completions=tuple(completions))
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    node = make_node(tmp_path_factory.mktemp("n"), MemorySwarm(), "C", model="tiny-random:64x1:c")
+    assert node.parts.policy.fingerprint != tokenizer_fingerprint(SENDER)
+    return node.parts
+
+
+def test_foreign_group_with_texts_becomes_chunked_samples(parts: Any) -> None:
+    drops: Counter[str] = Counter()
+    batch = rollouts.peer_samples(parts, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
+    assert not drops and batch.groups == 1 and len(batch.samples) == 4
+    tok = parts.policy.tokenizer
+    for s, text in zip(batch.samples, TEXTS, strict=True):
+        assert s.chunk_ids is not None and s.is_peer and s.source == "peer-a"
+        assert tok.decode(s.completion_ids.tolist(), skip_special_tokens=True) == text
+        assert s.reward == hash_reward(text, None)  # recomputed from the text
+    assert batch.crosstok_tokens == sum(len(s.completion_ids) for s in batch.samples)
+
+
+def test_unusable_foreign_groups_are_dropped_by_reason(parts: Any) -> None:
+    drops: Counter[str] = Counter()
+    broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]  # text and pieces disagree
+    plain = [Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason="stop", claimed_reward=0.0)
+             for c in (completion(t) for t in TEXTS[:2])]  # a sender that sends no texts
+    batch = rollouts.peer_samples(parts, [group(parts, broken), group(parts, plain)], 4, drops, step=0)
+    assert batch.samples == [] and drops == Counter({"piece_bytes": 1, rollouts.DROP_TOKENIZER: 1})
+    text = "x<|im_end|>y"  # a special token spelled out (by a sender without it) is no text of this node's
+    n = len(text) + 1
+    roundtrip = TextCompletion(np.arange(n, dtype=np.uint32), np.full(n, -1.0, np.float32), "stop", 0.0, text,
+                               np.append(np.ones(n - 1), 0).astype(np.uint16))
+    rollouts.peer_samples(parts, [group(parts, [roundtrip])], 4, drops, step=0)
+    assert drops[DROP_TEXT_ROUNDTRIP] == 1
+
+
+def test_cross_tokenizer_switch_off_drops_foreign_groups(parts: Any) -> None:
+    class Config:
+        def __init__(self, cfg: Any) -> None:
+            self._cfg = cfg
+            self.swarm = SimpleNamespace(**{**dict(cfg.swarm), "cross_tokenizer": False})
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._cfg, name)
+
+    off = SimpleNamespace(**{**vars(parts), "config": Config(parts.config)})  # swarm.cross_tokenizer = false
+    drops: Counter[str] = Counter()
+    batch = rollouts.peer_samples(off, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
+    assert batch.samples == [] and drops == Counter({rollouts.DROP_TOKENIZER: 1})
