@@ -58,8 +58,9 @@ import random
 import threading
 from collections import Counter
 
-from protocol import codec, keys
+from protocol import keys
 from protocol.messages import PromptSetTombstone
+from swarm_node.metrics import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
 from swarm_node.swarm.prompts import VerifiedRecord, ended_message, read_records
 from swarm_node.swarm.transport import DropCounter, Transport
 
@@ -246,8 +247,8 @@ class PromptSetKeeper:
             raise RuntimeError(f"the prompt-set keeper failed: {self._error}") from self._error
         restores, restored_bytes, _ = self._reported
         self._reported = (self.restores, self.restored_bytes, self._reported[2])
-        return {"prompt_set_restores": float(self.restores - restores),
-                "prompt_set_restored_bytes": float(self.restored_bytes - restored_bytes)}
+        return {PROMPT_SET_RESTORES: float(self.restores - restores),
+                PROMPT_SET_RESTORED_BYTES: float(self.restored_bytes - restored_bytes)}
 
     def take_drops(self) -> Counter:
         """Bad records and failed fetches counted since the last call, by reason."""
