@@ -213,7 +213,7 @@ def ended_message(prompt_set_id: str, tombstone: PromptSetTombstone) -> str:
     if tombstone.successor:
         return (f"prompt set {prompt_set_id} was ended by its operator: use its successor "
                 f"(--set swarm.prompt_set_id={tombstone.successor})")
-    return f"prompt set {prompt_set_id} was ended by its operator: ask the operator which set to use"
+    return f"prompt set {prompt_set_id} was ended by its operator: ask the operator which prompt set to use"
 
 
 def _assemble(manifest: PromptSetManifest, chunks: list[bytes]) -> tuple[str | None, PromptSet | None]:
