@@ -120,6 +120,7 @@ class PromptSetKeeper:
         self._seen_bad: set[tuple[str, float]] = set()
         self._reported = (0, 0, DropCounter())
         self._error: BaseException | None = None
+        self._drops_lock = threading.Lock()  # the step loop copies `drops` while this thread counts
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -188,7 +189,7 @@ class PromptSetKeeper:
         self.restored_bytes += len(self.manifest.item.value)
         if not self.transport.put_blobs_and_owned(chunks, self.key, self.manifest.item.value, expiration,
                                                   self.timeout):
-            self.drops.add("restore_refused")
+            self._drop("restore_refused")
             return now
         return expiration
 
@@ -207,7 +208,7 @@ class PromptSetKeeper:
             batch = missing[i:i + FETCH_BATCH]
             fetched = self.transport.get_blobs(batch, self.timeout)
             for reason in fetched.failed.values():
-                self.drops.add("chunk_" + reason)
+                self._drop("chunk_" + reason)
             for d in batch:
                 data = fetched.found.get(d)
                 if data is None:
@@ -235,9 +236,13 @@ class PromptSetKeeper:
             seen = (writer, entries[writer].expiration_time)
             if seen not in self._seen_bad:
                 self._seen_bad.add(seen)
-                self.drops.add(reason)
+                self._drop(reason)
         if len(self._seen_bad) > 4096:
             self._seen_bad.clear()
+
+    def _drop(self, reason: str) -> None:
+        with self._drops_lock:
+            self.drops.add(reason)
 
     # ---- what the node reads each step ------------------------------------------------------
 
@@ -253,9 +258,10 @@ class PromptSetKeeper:
     def take_drops(self) -> Counter:
         """Bad records and failed fetches counted since the last call, by reason."""
         seen = self._reported[2]
-        delta = Counter({k: v - seen.get(k, 0) for k, v in self.drops.items() if v - seen.get(k, 0) > 0})
-        self._reported = (self._reported[0], self._reported[1], DropCounter(self.drops))
-        return delta
+        with self._drops_lock:
+            now = DropCounter(self.drops)
+        self._reported = (self._reported[0], self._reported[1], now)
+        return Counter({k: v - seen.get(k, 0) for k, v in now.items() if v - seen.get(k, 0) > 0})
 
     # ---- background thread ------------------------------------------------------------------
 
