@@ -245,7 +245,8 @@ class PromptSetManifest(_WireEq):
 class PromptSetTombstone(_WireEq):
     """The end of a seeded prompt set: the operator signs `codec.tombstone_signing_bytes(tombstone)`
     with the key of the set's manifests (`owner_public_key`). It ends the manifests of
-    `prompt_set_id` signed by that key: nodes stop re-storing them and refuse to load the set.
+    `prompt_set_id` signed by that key with `created_at <= ended_at` (DHT time): nodes stop
+    re-storing them and refuse to load the set; a manifest signed later starts it again.
     `successor`: the id of the set that replaces it ("" for none), shown to operators."""
 
     protocol_version: int = PROTOCOL_VERSION

@@ -42,7 +42,9 @@ read of each other) instead of one per node, and one re-store of each part per p
 The end of a set. A verified tombstone from the set's owner key (prompts.end_prompt_set, `swarm-node
 end-prompt-set`) stops the keeper for good; it logs that once and replaces its own manifest copy by
 the tombstone (same subkey, expiring no earlier), so the set lapses within one TTL and the tombstone
-is held by more than one writer. A tombstone that fails verification ends nothing and is counted
+is held by more than one writer. A tombstone ends the manifests of its key created (DHT time) at or
+before it: the operator may seed the set again later (a replayed old tombstone cannot end it for
+good), though a node that saw the end stays stopped. A tombstone that fails verification ends nothing and is counted
 (`tombstone_bad_signature`, `tombstone_wrong_owner`, ...), as is any other bad record under the key.
 
 The keeper runs in a daemon thread (`start`), off the training step: a tick reads one key when a
@@ -139,7 +141,13 @@ class PromptSetKeeper:
             self.owner = records.manifests[0].message.owner_public_key  # pin the key the set is signed with
             records = read_records(entries, self.prompt_set_id, self.owner)
         self._count_rejected(records.rejected, entries)
-        tombstone = records.tombstone_for(self.owner) if self.owner is not None else None
+        held = self.manifest.message if self.manifest is not None else None
+        if held is not None:
+            tombstone = records.ends(held)  # type: ignore[arg-type]
+        elif self.owner is not None and not records.live_manifests():
+            tombstone = records.tombstone_for(self.owner)
+        else:
+            tombstone = None
         if tombstone is not None:
             self._end(tombstone, records, now)
             return

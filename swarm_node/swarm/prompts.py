@@ -153,16 +153,24 @@ class PromptSetRecords:
     tombstones: list[VerifiedRecord] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)  # writer -> reason
 
-    def tombstone_for(self, owner_public_key: bytes) -> PromptSetTombstone | None:
-        """The verified tombstone that ends manifests signed by `owner_public_key`, if any."""
+    def tombstone_for(self, owner_public_key: bytes, created_at: float = float("-inf")) -> PromptSetTombstone | None:
+        """The verified tombstone that ends a manifest signed by `owner_public_key` and created at
+        `created_at` (DHT time): same key, ended at or after it. A manifest the operator signs after
+        the tombstone (the set seeded again) is not ended by it, so a replayed old tombstone cannot
+        end a set for good. Without `created_at`: any tombstone of that key."""
         for record in self.tombstones:
-            if record.message.owner_public_key == owner_public_key:
-                return record.message  # type: ignore[return-value]
+            message = record.message
+            if message.owner_public_key == owner_public_key and message.ended_at >= created_at:  # type: ignore[union-attr]
+                return message  # type: ignore[return-value]
         return None
+
+    def ends(self, manifest: PromptSetManifest) -> PromptSetTombstone | None:
+        """The verified tombstone that ends `manifest`, if any."""
+        return self.tombstone_for(manifest.owner_public_key, manifest.created_at)
 
     def live_manifests(self) -> list[VerifiedRecord]:
         """Verified manifests no verified tombstone ends, newest expiration first."""
-        return [r for r in self.manifests if self.tombstone_for(r.message.owner_public_key) is None]
+        return [r for r in self.manifests if self.ends(r.message) is None]
 
 
 def read_records(entries: dict[str, OwnedValue], prompt_set_id: str, owner: bytes | None) -> PromptSetRecords:
@@ -259,10 +267,7 @@ def load_prompt_set(
     rejected = [f"{writer}: {reason}" for writer, reason in records.rejected.items()]
     for record in records.manifests:
         manifest = record.message
-        tombstone = records.tombstone_for(manifest.owner_public_key)
-        if tombstone is not None:
-            if owner is not None or not records.live_manifests():
-                raise PromptSetEnded(ended_message(prompt_set_id, tombstone))
+        if records.ends(manifest) is not None:
             rejected.append(f"{record.writer}: ended")
             continue
         fetched = transport.get_blobs(list(manifest.chunk_digests), timeout)
@@ -273,6 +278,9 @@ def load_prompt_set(
             if prompt_set is not None:
                 return prompt_set
         rejected.append(f"{record.writer}: {reason}")
-    if owner is not None and records.tombstone_for(owner) is not None:
-        raise PromptSetEnded(ended_message(prompt_set_id, records.tombstone_for(owner)))
+    ended = [records.ends(r.message) for r in records.manifests]
+    if owner is not None and not records.manifests:
+        ended.append(records.tombstone_for(owner))
+    if not records.live_manifests() and any(ended):
+        raise PromptSetEnded(ended_message(prompt_set_id, next(t for t in ended if t is not None)))
     raise PromptSetError(f"no valid copy of prompt set {prompt_set_id}: {'; '.join(rejected)}")

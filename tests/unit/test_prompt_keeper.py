@@ -215,6 +215,25 @@ def test_a_verified_tombstone_stops_re_storing_and_the_set_lapses(seeded, operat
         load_prompt_set(MemoryTransport(swarm, "late"), SWARM, ps.id, operator.public_key, timeout=1)
 
 
+def test_a_set_seeded_again_after_its_tombstone_lives_again(seeded, operator) -> None:
+    swarm, clock, ps, _ = seeded
+    old = _keeper(swarm, ps, operator.public_key, name="old")
+    _run(clock, [old], TTL / 2)
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, ps.id, operator, ttl_s=20 * TTL)
+    _run(clock, [old], TTL)
+    assert old.ended is not None and not _loads(swarm, ps, operator.public_key)
+    old_restores = old.restores
+    # The operator seeds the set again: a manifest newer than the tombstone, which (kept alive by
+    # anyone replaying it) does not end it.
+    clock.t += 1.0
+    seed_prompt_set(MemoryTransport(swarm, "seeder2"), SWARM, ps, "tiny", operator, ttl_s=TTL)
+    assert _loads(swarm, ps, operator.public_key)
+    new = _keeper(swarm, ps, operator.public_key, name="new")
+    _run(clock, [old, new], 4 * TTL)
+    assert new.ended is None and new.restores >= 3 and _loads(swarm, ps, operator.public_key)
+    assert old.restores == old_restores  # a node that saw the end stays stopped
+
+
 def test_a_forged_tombstone_is_ignored_and_counted(seeded, operator, stranger) -> None:
     swarm, clock, ps, _ = seeded
     key = keys.prompt_manifest_key(SWARM, ps.id)
