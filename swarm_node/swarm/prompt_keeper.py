@@ -19,7 +19,9 @@ subkey but the operator, and no re-storer signs anything on the operator's behal
 
 What is re-stored. Only records this node verified: a manifest that passes `prompts.read_records`
 (signature, operator key, id) and chunks whose bytes hash to the manifest's digests (the
-transport's `get_blobs` checks). A node holds those bytes once fetched (no re-fetch per round).
+transport's `get_blobs` checks). A node fetches its share once, when it first verifies the manifest
+(so it knows at once whether it holds the whole set, and holds the bytes should the set lapse), and
+keeps the bytes (no re-fetch per round; a chunk that failed is tried again at the next re-store).
 
 Budget (`swarm.prompt_set_restore_budget_bytes`). A node holds and re-stores at most that many
 bytes of a set (manifest plus chunks), about once per TTL. A set larger than the budget is kept
@@ -160,10 +162,14 @@ class PromptSetKeeper:
                             self.prompt_set_id, len(self.manifest.item.value), self.budget_bytes)
                 self.budget_bytes = 0
                 return
-        if self.manifest is None:  # nothing verified to keep (gone, or only bad copies): look again later
-            self.due = now + self.ttl_s / 3.0
+            self._fill_share()  # fetched now, while the chunks surely exist: whole set or a part?
+        if self.manifest is None:  # nothing verified to keep (gone, late, or only bad copies): look again soon
+            self.due = now + min(self.ttl_s / 3.0, 3 * self.check_interval_s)
             return
         latest = max((r.item.expiration_time for r in live), default=None)
+        if latest is None and self.expiration is not None and now < self.expiration:
+            self.due = now + self.check_interval_s  # the set cannot have lapsed yet: the read came back late
+            return
         extended = latest is not None and self.expiration is not None and latest > self.expiration
         if latest is not None and self.expiration is None and latest - now > self.check_interval_s:
             expiration = latest  # first sight: draw the time of the first re-store

@@ -265,6 +265,22 @@ def test_without_an_operator_key_the_tombstone_must_come_from_the_manifest_key(s
     assert keeper.ended is not None
 
 
+def test_a_late_read_is_retried_and_a_lapsed_set_is_revived(seeded, operator) -> None:
+    swarm, clock, ps, _ = seeded
+    keeper = _keeper(swarm, ps, operator.public_key)
+    keeper.tick()  # first sight
+    real_get_all = keeper.transport.get_all
+    keeper.transport.get_all = lambda key, timeout: {}  # every read comes back empty (late)
+    clock.t = keeper.due
+    keeper.tick()
+    assert keeper.restores == 0 and keeper.due == clock.t + keeper.check_interval_s  # retried soon, nothing stored
+    clock.t += TTL  # the seeder's records lapse meanwhile
+    assert not _loads(swarm, ps, operator.public_key)
+    keeper.transport.get_all = real_get_all
+    keeper.tick()  # this node still holds the verified records: it stores them again
+    assert keeper.restores == 1 and _loads(swarm, ps, operator.public_key)
+
+
 def test_a_failure_in_the_keeper_thread_surfaces_in_the_step_loop(seeded, operator) -> None:
     swarm, _, ps, _ = seeded
     keeper = _keeper(swarm, ps, operator.public_key)
