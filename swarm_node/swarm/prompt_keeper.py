@@ -65,7 +65,7 @@ from collections import Counter
 from protocol import keys
 from protocol.messages import PromptSetTombstone
 from swarm_node.metrics import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
-from swarm_node.swarm.prompts import VerifiedRecord, ended_message, read_records
+from swarm_node.swarm.prompts import PromptSetRecords, VerifiedRecord, ended_message, read_records
 from swarm_node.swarm.transport import DropCounter, Transport
 
 log = logging.getLogger(__name__)
@@ -137,32 +137,14 @@ class PromptSetKeeper:
         now = self.transport.dht_time()
         if now < self.due:
             return
-        entries = self.transport.get_all(self.key, self.timeout)
-        records = read_records(entries, self.prompt_set_id, self.owner)
-        if self.owner is None and records.manifests:
-            self.owner = records.manifests[0].message.owner_public_key  # pin the key the set is signed with
-            records = read_records(entries, self.prompt_set_id, self.owner)
-        self._count_rejected(records.rejected, entries)
-        held = self.manifest.message if self.manifest is not None else None
-        if held is not None:
-            tombstone = records.ends(held)  # type: ignore[arg-type]
-        elif self.owner is not None and not records.live_manifests():
-            tombstone = records.tombstone_for(self.owner)
-        else:
-            tombstone = None
+        records = self._read()
+        tombstone = self._tombstone(records)
         if tombstone is not None:
             self._end(tombstone, records, now)
             return
         live = records.live_manifests()
-        if self.manifest is None and live:
-            self.manifest = live[0]
-            if len(self.manifest.item.value) > self.budget_bytes:
-                log.warning("prompt set %s: its manifest alone (%d bytes) exceeds "
-                            "swarm.prompt_set_restore_budget_bytes=%d: this node does not re-store it",
-                            self.prompt_set_id, len(self.manifest.item.value), self.budget_bytes)
-                self.budget_bytes = 0
-                return
-            self._fill_share()  # fetched now, while the chunks surely exist: whole set or a part?
+        if self.manifest is None and live and not self._adopt(live[0]):
+            return
         if self.manifest is None:  # nothing verified to keep (gone, late, or only bad copies): look again soon
             self.due = now + min(self.ttl_s / 3.0, 3 * self.check_interval_s)
             return
@@ -189,6 +171,38 @@ class PromptSetKeeper:
         self.expiration = expiration
         self._drawn = (now, expiration, self.rng.random())
         self.due = restore_time(*self._drawn, partial=bool(self.partial))
+
+    def _read(self) -> PromptSetRecords:
+        """One read of the manifest key, sorted (prompts.read_records); bad records counted once."""
+        entries = self.transport.get_all(self.key, self.timeout)
+        records = read_records(entries, self.prompt_set_id, self.owner)
+        if self.owner is None and records.manifests:
+            self.owner = records.manifests[0].message.owner_public_key  # pin the key the set is signed with
+            records = read_records(entries, self.prompt_set_id, self.owner)
+        self._count_rejected(records.rejected, entries)
+        return records
+
+    def _tombstone(self, records: PromptSetRecords) -> PromptSetTombstone | None:
+        """The verified tombstone that ends the manifest this node holds (before it holds one: any
+        tombstone of the set's key, when no manifest is left that it does not end)."""
+        if self.manifest is not None:
+            return records.ends(self.manifest.message)  # type: ignore[arg-type]
+        if self.owner is not None and not records.live_manifests():
+            return records.tombstone_for(self.owner)
+        return None
+
+    def _adopt(self, record: VerifiedRecord) -> bool:
+        """Hold `record` (a verified manifest) and fetch this node's share of its chunks, while they
+        surely exist; False (and re-store nothing, ever) if the manifest alone exceeds the budget."""
+        if len(record.item.value) > self.budget_bytes:
+            log.warning("prompt set %s: its manifest alone (%d bytes) exceeds "
+                        "swarm.prompt_set_restore_budget_bytes=%d: this node does not re-store it",
+                        self.prompt_set_id, len(record.item.value), self.budget_bytes)
+            self.budget_bytes = 0
+            return False
+        self.manifest = record
+        self._fill_share()
+        return True
 
     def _restore(self, now: float, with_manifest: bool = True) -> float:
         """Store the held chunks (and the manifest); returns the manifest's new expiration, or `now`."""
@@ -234,7 +248,7 @@ class PromptSetKeeper:
                 self.chunks[d], room = data, room - len(data)
         return [s for s in self._share if s in self.chunks]
 
-    def _end(self, tombstone: PromptSetTombstone, records, now: float) -> None:
+    def _end(self, tombstone: PromptSetTombstone, records: PromptSetRecords, now: float) -> None:
         self.ended = tombstone
         log.info("%s: this node no longer re-stores it", ended_message(self.prompt_set_id, tombstone))
         mine = [r for r in records.manifests if r.writer == self.transport.peer_id]
