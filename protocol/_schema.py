@@ -22,6 +22,7 @@ Bodies (version 2; version 1 differs where noted):
     PromptSetManifest [prompt_set_id, name, answer_kind, num_problems, [digest, ...],
                        owner_public_key, created_at, signature]
     PromptChunk       [[[index, question, answer], ...]]
+    PromptSetTombstone [prompt_set_id, owner_public_key, ended_at, successor, signature]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from protocol.messages import (
     PromptChunk,
     PromptRef,
     PromptSetManifest,
+    PromptSetTombstone,
     ProtocolError,
     RolloutGroup,
     RolloutIndex,
@@ -155,6 +157,11 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
                 [_str(d, "digest", s) for d in _seq(msg.chunk_digests, "chunk_digests", limits.max_chunk_digests)],
                 _bytes(msg.owner_public_key, "owner_public_key", b), _float(msg.created_at, "created_at", False),
                 _bytes(msg.signature, "signature", b)]
+    if isinstance(msg, PromptSetTombstone):
+        b = limits.max_bytes_len
+        return [_str(msg.prompt_set_id, "prompt_set_id", s), _bytes(msg.owner_public_key, "owner_public_key", b),
+                _float(msg.ended_at, "ended_at", False), _str(msg.successor, "successor", s),
+                _bytes(msg.signature, "signature", b)]
     if isinstance(msg, PromptChunk):
         items = _seq(msg.items, "items", limits.max_prompt_items)
         return [[[_int(i, "item index"), _str(q, "question", t), _str(a, "answer", t)]
@@ -246,6 +253,14 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
             chunk_digests=_digests(digests, limits),
             owner_public_key=_bytes(owner, "owner_public_key", limits.max_bytes_len),
             created_at=_float(created_at, "created_at", True), signature=_bytes(sig, "signature", limits.max_bytes_len),
+        )
+    if kind == "PROMPT_SET_TOMBSTONE":
+        ps_id, owner, ended_at, successor, sig = _seq(obj, "PromptSetTombstone", 5, exact=5)
+        return PromptSetTombstone(
+            protocol_version=version, prompt_set_id=_str(ps_id, "prompt_set_id", s),
+            owner_public_key=_bytes(owner, "owner_public_key", limits.max_bytes_len),
+            ended_at=_float(ended_at, "ended_at", True), successor=_str(successor, "successor", s),
+            signature=_bytes(sig, "signature", limits.max_bytes_len),
         )
     if kind == "PROMPT_CHUNK":
         (items,) = _seq(obj, "PromptChunk", 1, exact=1)

@@ -40,7 +40,14 @@ import msgpack
 import zstandard
 
 from protocol import _schema
-from protocol.messages import SUPPORTED_VERSIONS, Message, PromptSetManifest, ProtocolError, RolloutGroup
+from protocol.messages import (
+    SUPPORTED_VERSIONS,
+    Message,
+    PromptSetManifest,
+    PromptSetTombstone,
+    ProtocolError,
+    RolloutGroup,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -56,6 +63,7 @@ __all__ = [
     "manifest_signing_bytes",
     "read_rollout_file",
     "split_chunks",
+    "tombstone_signing_bytes",
     "write_rollout_file",
 ]
 
@@ -70,6 +78,7 @@ class MessageType(IntEnum):
     NODE_STATUS = 3
     PROMPT_SET_MANIFEST = 4
     PROMPT_CHUNK = 5
+    PROMPT_SET_TOMBSTONE = 6
 
 
 class Scheme(IntEnum):
@@ -120,6 +129,7 @@ _TYPE_OF = {
     "NodeStatus": MessageType.NODE_STATUS,
     "PromptSetManifest": MessageType.PROMPT_SET_MANIFEST,
     "PromptChunk": MessageType.PROMPT_CHUNK,
+    "PromptSetTombstone": MessageType.PROMPT_SET_TOMBSTONE,
 }
 
 
@@ -311,6 +321,12 @@ def _check_object_count(body: bytes, max_objects: int) -> None:
 def manifest_signing_bytes(manifest: PromptSetManifest) -> bytes:
     """Canonical bytes the prompt-set owner signs: the uncompressed encoding with an empty signature."""
     return encode(replace(manifest, signature=b""), Scheme.NONE)
+
+
+def tombstone_signing_bytes(tombstone: PromptSetTombstone) -> bytes:
+    """Canonical bytes the prompt-set owner signs to end a set (the message type in the header keeps
+    them apart from any manifest's signing bytes)."""
+    return encode(replace(tombstone, signature=b""), Scheme.NONE)
 
 
 def content_digest(data: bytes) -> str:

@@ -274,6 +274,22 @@ class PromptSetManifest(_WireEq):
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
+class PromptSetTombstone(_WireEq):
+    """The end of a seeded prompt set: the operator signs `codec.tombstone_signing_bytes(tombstone)`
+    with the key of the set's manifests (`owner_public_key`). It ends the manifests of
+    `prompt_set_id` signed by that key with `created_at <= ended_at` (DHT time): nodes stop
+    re-storing them and refuse to load the set; a manifest signed later starts it again.
+    `successor`: the id of the set that replaces it ("" for none), shown to operators."""
+
+    protocol_version: int = PROTOCOL_VERSION
+    prompt_set_id: str
+    owner_public_key: bytes
+    ended_at: float
+    successor: str = ""
+    signature: bytes = b""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
 class PromptChunk(_WireEq):
     """A content-addressed slice of a prompt set: (index, question, answer) triples."""
 
@@ -285,4 +301,4 @@ class PromptChunk(_WireEq):
         object.__setattr__(self, "items", tuple(_as_tuple(it, "item") for it in items))
 
 
-Message = RolloutGroup | RolloutIndex | NodeStatus | PromptSetManifest | PromptChunk
+Message = RolloutGroup | RolloutIndex | NodeStatus | PromptSetManifest | PromptChunk | PromptSetTombstone

@@ -19,6 +19,7 @@ from protocol.messages import (
     SUPPORTED_VERSIONS,
     NodeStatus,
     PromptSetManifest,
+    PromptSetTombstone,
     RolloutGroup,
 )
 
@@ -72,6 +73,8 @@ STATUS_REASONS = (
 MANIFEST_REASONS = (
     BAD_VERSION, BAD_ANSWER_KIND, BAD_NUM_PROBLEMS, NO_CHUNKS, BAD_CHUNK_DIGEST, BAD_TIMESTAMP, UNSIGNED, WRONG_OWNER,
 )
+
+TOMBSTONE_REASONS = (BAD_VERSION, BAD_TIMESTAMP, UNSIGNED, WRONG_OWNER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -280,5 +283,20 @@ def validate_manifest(manifest: PromptSetManifest, limits: ValidationLimits) -> 
     if not manifest.signature:
         _add(reasons, UNSIGNED)
     if limits.expected_owner is not None and manifest.owner_public_key != limits.expected_owner:
+        _add(reasons, WRONG_OWNER)
+    return reasons
+
+
+def validate_tombstone(tombstone: PromptSetTombstone, limits: ValidationLimits) -> list[str]:
+    """Reasons to reject a prompt-set tombstone (empty list: accept). As for manifests, the signature
+    itself is checked where the crypto lives; here: present, and from the expected owner."""
+    reasons: list[str] = []
+    if tombstone.protocol_version not in limits.versions:
+        _add(reasons, BAD_VERSION)
+    if not _finite(tombstone.ended_at) or tombstone.ended_at < 0:
+        _add(reasons, BAD_TIMESTAMP)
+    if not tombstone.signature:
+        _add(reasons, UNSIGNED)
+    if limits.expected_owner is not None and tombstone.owner_public_key != limits.expected_owner:
         _add(reasons, WRONG_OWNER)
     return reasons

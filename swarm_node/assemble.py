@@ -79,6 +79,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     if start_step:
         generator.sync_weights(policy.model)
 
+    keeper = None
     if cfg.swarm.prompt_set_id is not None:
         from swarm_node.swarm.prompts import load_prompt_set as load_swarm_prompt_set
 
@@ -86,6 +87,9 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
             raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
         prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
                                            cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
+        keeper = start_prompt_keeper(cfg.swarm, transport)
+        if keeper is not None:
+            close_hooks.append(keeper.stop)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
     close_hooks.append(reward_fn.close)  # its time-bounded worker process
 
@@ -135,7 +139,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
                       prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
                       sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
-                      rejects=RejectList(node_dir / FILE_NAME))
+                      rejects=RejectList(node_dir / FILE_NAME), prompt_keeper=keeper)
     if dht_time is not None:
         parts.dht_time = dht_time
     if cfg.eval.problems:
@@ -147,6 +151,19 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     # Written once the node has started, so a failed start leaves the previous one in place.
     atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
     return parts, start_step
+
+
+def start_prompt_keeper(swarm: SwarmConfig, transport: Any) -> Any | None:
+    """The thread that keeps the node's seeded prompt set alive (None when its budget is 0)."""
+    from swarm_node.swarm.prompt_keeper import PromptSetKeeper
+
+    if swarm.prompt_set_id is None or swarm.prompt_set_restore_budget_bytes == 0:
+        return None
+    keeper = PromptSetKeeper(transport, swarm.swarm_id, swarm.prompt_set_id, swarm.prompt_set_owner,
+                             ttl_s=swarm.record_ttl_s, budget_bytes=swarm.prompt_set_restore_budget_bytes,
+                             timeout=swarm.fetch_timeout_s)
+    keeper.start()
+    return keeper
 
 
 def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
@@ -306,3 +323,35 @@ def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, 
         pass
     finally:
         transport.shutdown()
+
+
+def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,
+                       initial_peers: list[str], node_dir: Path, ttl_s: float | None) -> None:
+    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it and refuse to load it."""
+    from protocol import keys
+    from protocol.messages import ProtocolError
+    from swarm_node.errors import InputError
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import end_prompt_set
+
+    try:
+        for name in (prompt_set_id, *([successor] if successor else [])):
+            keys.check_name(name, "prompt set id")
+    except ProtocolError as e:
+        raise InputError(str(e), "pass the id `swarm-node seed` printed") from e
+    if not key_file.exists():
+        raise InputError(f"operator key {key_file} not found",
+                         "pass the --key-file the set was seeded with (only its key can end the set)")
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        tombstone = end_prompt_set(transport, swarm_id, prompt_set_id, operator, successor=successor or "",
+                                   ttl_s=ttl_s or swarm_cfg.max_record_ttl_s, timeout=swarm_cfg.fetch_timeout_s)
+    finally:
+        transport.shutdown()
+    print(f"ended prompt set:  {tombstone.prompt_set_id}")
+    print(f"operator key:      {public_key_text(operator)}")
+    if tombstone.successor:
+        print(f"successor:         {tombstone.successor}")
+    print("nodes stop re-storing it at their next check; its records lapse within swarm.record_ttl_s after that")

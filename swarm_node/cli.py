@@ -185,6 +185,27 @@ def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")
              initial_peers=initial_peer or [], node_dir=node_dir, hold=hold)
 
 
+@app.command("end-prompt-set", epilog="Example: swarm-node end-prompt-set gsm8k-1a2b3c4d5e6f --key-file operator.key "
+                                      "-p /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+def end_prompt_set(prompt_set_id: Annotated[str, typer.Argument(help="The id `swarm-node seed` printed.")],
+                   successor: Annotated[Optional[str], typer.Option(help="Id of the set that replaces it (shown to "
+                                                                              "nodes that try to load this one).")] = None,
+                   swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
+                   key_file: Annotated[Path, typer.Option(help="The operator key the set was seeded with.")] = Path("operator.key"),
+                   initial_peer: PeerOpt = None,
+                   node_dir: Annotated[Path, typer.Option(help="Directory for this command's DHT identity.")] = Path("./operator-node"),
+                   ttl: Annotated[Optional[float], typer.Option(min=1.0, help="Seconds the tombstone lives (default: "
+                                                                         "swarm.max_record_ttl_s, 3600).")] = None,
+                   verbose: VerboseOpt = False) -> None:
+    """End a seeded prompt set: store a tombstone signed by the operator key. Nodes stop re-storing the set
+    (it lapses within one record TTL) and refuse to load it."""
+    from swarm_node.assemble import run_end_prompt_set
+
+    _setup_logging(verbose)
+    run_end_prompt_set(prompt_set_id=prompt_set_id, successor=successor, swarm_id=swarm_id, key_file=key_file,
+                       initial_peers=initial_peer or [], node_dir=node_dir, ttl_s=ttl)
+
+
 @app.command("allow-list")
 def allow_list(peer: Annotated[list[str], typer.Option("--peer", help="A peer id to allow (repeat the option).")],
                out: Annotated[Path, typer.Option(help="Where to write the signed allow-list.")] = Path("allow-list.json"),

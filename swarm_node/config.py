@@ -253,6 +253,11 @@ class SwarmConfig(_Section):
     )
     prompt_set_id: str | None = Field(None, description="Load the prompt set seeded under this id.")
     prompt_set_owner: str | None = Field(None, description="Operator public key that must sign the prompt set.")
+    prompt_set_restore_budget_bytes: int = Field(
+        32 << 20, ge=0, le=1 << 30,
+        description="Bytes of the seeded prompt set (prompt_set_id) this node holds and re-stores before its records "
+                    "lapse, about once per record_ttl_s, so the set outlives its seeder (swarm/prompt_keeper.py). "
+                    "A larger set is kept in part; 0: never re-store.")
     min_peer_group_size: int | None = Field(
         None, ge=1, le=256, description="Smallest peer group taken (None: generation.group_size, the local G).")
     max_peer_group_size: int | None = Field(

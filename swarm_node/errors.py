@@ -87,6 +87,11 @@ def describe(exc: BaseException) -> SwarmNodeError | None:
     name = type(exc).__name__
     if name == "DatasetUnavailable":
         return InputError(one_line(str(exc)))
+    if name == "PromptSetEnded":  # its message says what to use instead
+        return InputError(one_line(str(exc)))
+    if name == "PromptSetError":
+        return RuntimeFailure(one_line(str(exc)), "check swarm.prompt_set_id and swarm.prompt_set_owner, and that "
+                              "a node holding the set (its seeder, or nodes training on it) is reachable")
     if name == "SwarmConnectError":
         return RuntimeFailure(f"could not join the swarm: {one_line(str(exc))}",
                               "check that a node is running at the --initial-peer address and reachable from here")

@@ -28,6 +28,9 @@ Counting conventions (all counts are *per step*, never cumulative):
   - network health (health.py): `live_peers`, `routing_table_size`, `alone_steps` are the state at
     the end of the step; `bytes_sent`, `bytes_received`, `index_read_failures`, `store_failures`
     count the step's traffic; `publish_seconds`, `gather_seconds` time its network work.
+  - `prompt_set_restores`, `prompt_set_restored_bytes`: the seeded prompt set's records this node
+    re-stored in the step (swarm/prompt_keeper.py); bad records it found under the set's key are
+    `dropped_<reason>` like other peer data (e.g. `dropped_tombstone_bad_signature`).
 """
 
 from __future__ import annotations
@@ -102,6 +105,8 @@ NONFINITE_DROPPED_SAMPLES = "nonfinite_dropped_samples"
 NONFINITE_SENDERS = "nonfinite_senders"
 PEER_REWARD_SECONDS = "peer_reward_seconds"
 PEER_NEWEST_AGE_S = "peer_newest_age_s"
+PROMPT_SET_RESTORES = "prompt_set_restores"
+PROMPT_SET_RESTORED_BYTES = "prompt_set_restored_bytes"
 
 DROPPED_PREFIX = "dropped_"
 TOTAL_DROPPED_PREFIX = "total_dropped_"
@@ -172,6 +177,8 @@ METRICS: dict[str, str] = {
     NONFINITE_DROPPED_SAMPLES: "Peer samples dropped from the step because its loss or gradient was non-finite.",
     NONFINITE_SENDERS: "Peers blamed for a non-finite step (their groups stay refused: dropped_rejected_before).",
     PEER_REWARD_SECONDS: "Seconds spent verifying peers' answers (capped by task.peer_reward_budget_s).",
+    PROMPT_SET_RESTORES: "Re-stores of the seeded prompt set's records by this node in the step (prompt_keeper.py).",
+    PROMPT_SET_RESTORED_BYTES: "Bytes of the seeded prompt set (chunks, manifest) this node re-stored in the step.",
     PEER_NEWEST_AGE_S: "Seconds from the creation of the newest peer group taken to the end of the step (absent without one).",
 }
 

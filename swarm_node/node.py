@@ -57,6 +57,8 @@ class NodeParts:
     # Prompts by window slot (the binding) rather than by step; None: when exchanging with peers.
     # The lockstep harness sets it for every arm, so isolated and swarm arms share a prompt order.
     window_prompts: bool | None = None
+    # Keeps the seeded prompt set's records alive (swarm/prompt_keeper.py, its own thread); None: none.
+    prompt_keeper: Any | None = None
 
 
 @dataclass
@@ -176,6 +178,10 @@ class Node:
         t_train = time.perf_counter()
         train_metrics = parts.trainer.step(samples)
         step_drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
+        keeper_metrics: dict[str, float] = {}
+        if parts.prompt_keeper is not None:  # raises here if the keeper's thread failed
+            keeper_metrics = parts.prompt_keeper.step_metrics()
+            step_drops.update(parts.prompt_keeper.take_drops())
         self._drops.update(step_drops)
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
@@ -203,6 +209,7 @@ class Node:
             "text_withheld": float(own.text_withheld),
             "peer_reward_seconds": peer.verify_seconds,
             **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
+            **keeper_metrics,
             **self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,
                                        gather_seconds=gather_seconds, peer_groups=peer.groups),
         }

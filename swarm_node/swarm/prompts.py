@@ -16,15 +16,15 @@ load logs that the set is unsigned-by-choice.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from hivemind.utils.crypto import RSAPublicKey
 
 from protocol import codec, keys
-from protocol.messages import PromptChunk, PromptSetManifest, ProtocolError
-from protocol.validate import ValidationLimits, validate_manifest
+from protocol.messages import PromptChunk, PromptSetManifest, PromptSetTombstone, ProtocolError
+from protocol.validate import ValidationLimits, validate_manifest, validate_tombstone
 from swarm_node.swarm.identity import NodeIdentity
-from swarm_node.swarm.transport import Transport
+from swarm_node.swarm.transport import OwnedValue, Transport
 from swarm_node.tasks.base import Problem, PromptSet, content_id
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ MAX_ITEMS_PER_CHUNK = 1024
 
 class PromptSetError(RuntimeError):
     """A prompt set could not be loaded: not found in time, or no copy passed verification."""
+
+
+class PromptSetEnded(PromptSetError):
+    """The set's operator ended it (a verified tombstone)."""
 
 
 def _chunk_problems(problems: tuple[Problem, ...]) -> list[bytes]:
@@ -86,30 +90,138 @@ def seed_prompt_set(
     return manifest
 
 
-def verify_manifest_signature(manifest: PromptSetManifest) -> bool:
-    """True if `manifest.signature` is the owner key's signature over the canonical manifest bytes."""
+def _verify(public_key_bytes: bytes, data: bytes, signature: bytes) -> bool:
     try:
-        public_key = RSAPublicKey.from_bytes(manifest.owner_public_key)
+        public_key = RSAPublicKey.from_bytes(public_key_bytes)
     except (ValueError, TypeError, IndexError):
         return False
-    return public_key.verify(codec.manifest_signing_bytes(manifest), manifest.signature)
+    return public_key.verify(data, signature)
 
 
-def _manifest_reason(data: bytes, prompt_set_id: str, owner: bytes | None) -> tuple[str | None, PromptSetManifest | None]:
+def verify_manifest_signature(manifest: PromptSetManifest) -> bool:
+    """True if `manifest.signature` is the owner key's signature over the canonical manifest bytes."""
+    return _verify(manifest.owner_public_key, codec.manifest_signing_bytes(manifest), manifest.signature)
+
+
+def verify_tombstone_signature(tombstone: PromptSetTombstone) -> bool:
+    """True if `tombstone.signature` is the owner key's signature over the canonical tombstone bytes."""
+    return _verify(tombstone.owner_public_key, codec.tombstone_signing_bytes(tombstone), tombstone.signature)
+
+
+def end_prompt_set(
+    transport: Transport,
+    swarm_id: str,
+    prompt_set_id: str,
+    operator: NodeIdentity,
+    *,
+    successor: str = "",
+    ttl_s: float = 3600.0,
+    timeout: float = 30.0,
+) -> PromptSetTombstone:
+    """Store a tombstone signed by `operator` under the set's manifest key; returns it.
+
+    `ttl_s` should be the swarm's `max_record_ttl_s`: no copy of a manifest stored before the
+    tombstone outlives it, so every node that reads the key before its copy lapses sees the end.
+    """
+    keys.check_name(prompt_set_id, "prompt set id")
+    if successor:
+        keys.check_name(successor, "successor prompt set id")
+    now = transport.dht_time()
+    tombstone = PromptSetTombstone(prompt_set_id=prompt_set_id, owner_public_key=operator.public_key,
+                                   ended_at=now, successor=successor)
+    tombstone = replace(tombstone, signature=operator.private_key.sign(codec.tombstone_signing_bytes(tombstone)))
+    if not transport.store_owned(keys.prompt_manifest_key(swarm_id, prompt_set_id), codec.encode(tombstone),
+                                 now + ttl_s, timeout):
+        raise PromptSetError(f"no peer accepted the tombstone of {prompt_set_id} within {timeout:.0f}s")
+    return tombstone
+
+
+@dataclass
+class VerifiedRecord:
+    """One writer's verified record under a manifest key: the exact bytes, as stored."""
+
+    writer: str
+    item: OwnedValue
+    message: PromptSetManifest | PromptSetTombstone
+
+
+@dataclass
+class PromptSetRecords:
+    """What one read of a set's manifest key holds (see `read_records`)."""
+
+    manifests: list[VerifiedRecord] = field(default_factory=list)  # newest expiration first
+    tombstones: list[VerifiedRecord] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)  # writer -> reason
+
+    def tombstone_for(self, owner_public_key: bytes, created_at: float = float("-inf")) -> PromptSetTombstone | None:
+        """The verified tombstone that ends a manifest signed by `owner_public_key` and created at
+        `created_at` (DHT time): same key, ended at or after it. A manifest the operator signs after
+        the tombstone (the set seeded again) is not ended by it, so a replayed old tombstone cannot
+        end a set for good. Without `created_at`: any tombstone of that key."""
+        for record in self.tombstones:
+            message = record.message
+            if message.owner_public_key == owner_public_key and message.ended_at >= created_at:  # type: ignore[union-attr]
+                return message  # type: ignore[return-value]
+        return None
+
+    def ends(self, manifest: PromptSetManifest) -> PromptSetTombstone | None:
+        """The verified tombstone that ends `manifest`, if any."""
+        return self.tombstone_for(manifest.owner_public_key, manifest.created_at)
+
+    def live_manifests(self) -> list[VerifiedRecord]:
+        """Verified manifests no verified tombstone ends, newest expiration first."""
+        return [r for r in self.manifests if self.ends(r.message) is None]
+
+
+def read_records(entries: dict[str, OwnedValue], prompt_set_id: str, owner: bytes | None) -> PromptSetRecords:
+    """Sort the entries of a manifest key (`{writer: OwnedValue}`) into verified manifests, verified
+    tombstones (signature checked, the expected `owner` when given) and a reason for every other."""
+    out = PromptSetRecords()
+    for writer, item in sorted(entries.items(), key=lambda kv: -kv[1].expiration_time):
+        reason, message = _record_reason(item.value, prompt_set_id, owner)
+        if message is None:
+            out.rejected[writer] = reason or "rejected"
+        elif isinstance(message, PromptSetTombstone):
+            out.tombstones.append(VerifiedRecord(writer, item, message))
+        else:
+            out.manifests.append(VerifiedRecord(writer, item, message))
+    return out
+
+
+def _record_reason(data: bytes, prompt_set_id: str, owner: bytes | None
+                   ) -> tuple[str | None, PromptSetManifest | PromptSetTombstone | None]:
     try:
-        manifest = codec.decode(data)
+        message = codec.decode(data)
     except ProtocolError:
         return "decode_error", None
-    if not isinstance(manifest, PromptSetManifest):
+    limits = ValidationLimits(vocab_size=1, expected_owner=owner)
+    if isinstance(message, PromptSetTombstone):
+        reasons = validate_tombstone(message, limits)
+        if reasons:
+            return "tombstone_" + reasons[0], None
+        if message.prompt_set_id != prompt_set_id:
+            return "tombstone_wrong_prompt_set", None
+        if not verify_tombstone_signature(message):
+            return "tombstone_bad_signature", None
+        return None, message
+    if not isinstance(message, PromptSetManifest):
         return "wrong_type", None
-    reasons = validate_manifest(manifest, ValidationLimits(vocab_size=1, expected_owner=owner))
+    reasons = validate_manifest(message, limits)
     if reasons:
         return reasons[0], None
-    if manifest.prompt_set_id != prompt_set_id:
+    if message.prompt_set_id != prompt_set_id:
         return "wrong_prompt_set", None
-    if not verify_manifest_signature(manifest):
+    if not verify_manifest_signature(message):
         return "bad_signature", None
-    return None, manifest
+    return None, message
+
+
+def ended_message(prompt_set_id: str, tombstone: PromptSetTombstone) -> str:
+    """One line saying that the operator ended a set, and what to use instead."""
+    if tombstone.successor:
+        return (f"prompt set {prompt_set_id} was ended by its operator: use its successor "
+                f"(--set swarm.prompt_set_id={tombstone.successor})")
+    return f"prompt set {prompt_set_id} was ended by its operator: ask the operator which prompt set to use"
 
 
 def _assemble(manifest: PromptSetManifest, chunks: list[bytes]) -> tuple[str | None, PromptSet | None]:
@@ -151,16 +263,24 @@ def load_prompt_set(
     entries = transport.get_all(keys.prompt_manifest_key(swarm_id, prompt_set_id), timeout)
     if not entries:
         raise PromptSetError(f"prompt set {prompt_set_id} not found in swarm {swarm_id!r} within {timeout:.0f}s")
-    rejected: list[str] = []
-    for seeder, item in sorted(entries.items(), key=lambda kv: -kv[1].expiration_time):
-        reason, manifest = _manifest_reason(item.value, prompt_set_id, owner)
-        if manifest is not None:
-            fetched = transport.get_blobs(list(manifest.chunk_digests), timeout)
-            if fetched.failed:
-                reason = "chunk_" + next(iter(fetched.failed.values()))
-            else:
-                reason, prompt_set = _assemble(manifest, [fetched.found[d] for d in manifest.chunk_digests])
-                if prompt_set is not None:
-                    return prompt_set
-        rejected.append(f"{seeder}: {reason}")
+    records = read_records(entries, prompt_set_id, owner)
+    rejected = [f"{writer}: {reason}" for writer, reason in records.rejected.items()]
+    for record in records.manifests:
+        manifest = record.message
+        if records.ends(manifest) is not None:
+            rejected.append(f"{record.writer}: ended")
+            continue
+        fetched = transport.get_blobs(list(manifest.chunk_digests), timeout)
+        if fetched.failed:
+            reason = "chunk_" + next(iter(fetched.failed.values()))
+        else:
+            reason, prompt_set = _assemble(manifest, [fetched.found[d] for d in manifest.chunk_digests])
+            if prompt_set is not None:
+                return prompt_set
+        rejected.append(f"{record.writer}: {reason}")
+    ended = [records.ends(r.message) for r in records.manifests]
+    if owner is not None and not records.manifests:
+        ended.append(records.tombstone_for(owner))
+    if not records.live_manifests() and any(ended):
+        raise PromptSetEnded(ended_message(prompt_set_id, next(t for t in ended if t is not None)))
     raise PromptSetError(f"no valid copy of prompt set {prompt_set_id}: {'; '.join(rejected)}")

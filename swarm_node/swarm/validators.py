@@ -19,7 +19,7 @@ time, so they hold on store and on read alike:
   key for days, a ghost peer cannot sit at step 999999 for ever);
 * `OwnedRecordValidator` stores owned records only under keys of the swarm's key schedule (the
   `OwnedKeySchedule`, e.g. `index.owned_key_schedule`, is the single source of truth) or under
-  the manifest key of the prompt set their value names; the value must decode as a bounded
+  the manifest key of the prompt set their value names (a manifest or its tombstone); the value must decode as a bounded
   message of the key's kind (`RolloutIndex` / `NodeStatus`) signed by its own sender.
 
 Caps that need the state of a replica (subkeys and bytes per key, bytes per peer) live in the
@@ -50,7 +50,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils import get_dht_time
 
 from protocol import codec, keys
-from protocol.messages import NodeStatus, PromptSetManifest, ProtocolError, RolloutIndex
+from protocol.messages import NodeStatus, PromptSetManifest, PromptSetTombstone, ProtocolError, RolloutIndex
 from swarm_node.swarm.identity import owner_id
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, OwnedValue, blob_digest
 
@@ -201,8 +201,9 @@ class OwnedRecordValidator(RecordValidatorBase):
     * any other scheduled key (rollout index windows and their shards, whatever else the schedule
       declares): a `RolloutIndex` from the subkey's owner with at most `MAX_OWNED_INDEX_ENTRIES`
       entries, of the key's own window, in a shard its owner belongs to (`keys.index_shard`);
-    * off the schedule: only a `PromptSetManifest` stored under the manifest key of the prompt set
-      it names (self-certifying, like chunks; its signature is checked by the loader).
+    * off the schedule: only a `PromptSetManifest` or `PromptSetTombstone` stored under the manifest
+      key of the prompt set it names (self-certifying, like chunks; signatures are checked by the
+      reader, swarm/prompts.py).
 
     Everything else with a subkey (another swarm's keys, arbitrary keys) is refused. Records without
     a subkey are left to `SwarmRecordValidator` (chunks under the hash of their bytes).
@@ -245,7 +246,7 @@ class OwnedRecordValidator(RecordValidatorBase):
             return False
         raw = self._raw_keys.get(record.key)
         if raw is None:
-            return isinstance(message, PromptSetManifest) and record.key == DHTID.generate(
+            return isinstance(message, (PromptSetManifest, PromptSetTombstone)) and record.key == DHTID.generate(
                 source=keys.prompt_manifest_key(self.swarm_id, message.prompt_set_id)).to_bytes()
         if record.key == self._status_id:
             return isinstance(message, NodeStatus) and message.peer_id == owner

@@ -194,3 +194,14 @@ def test_status_against_an_unreachable_peer(capsys):
     answer = json.loads(out)  # scripts still get JSON on stdout
     assert answer["exit_code"] == 1 and peer in answer["error"]
     assert "could not reach any initial peer" in error_line(err) and peer in err[-1]
+
+
+def test_end_prompt_set_needs_the_operator_key_and_a_valid_id(capsys, tmp_path):
+    code, out, _ = run(capsys, "end-prompt-set", "--help")
+    assert code == 0 and "tombstone" in out and "Example:" in out
+    code, _, err = run(capsys, "end-prompt-set", "arithmetic-0123", "--key-file", str(tmp_path / "missing.key"),
+                       "--node-dir", str(tmp_path / "op"))
+    assert code == 2 and "operator key" in error_line(err) and "missing.key" in error_line(err)
+    code, _, err = run(capsys, "end-prompt-set", "no/slashes", "--key-file", str(tmp_path / "missing.key"))
+    assert code == 2 and "bad prompt set id" in error_line(err)
+    assert not (tmp_path / "op").exists()  # nothing started

@@ -163,3 +163,33 @@ def test_peer_group_cap(fraction, own, cap, expected):
     from swarm_node.rollouts import peer_group_cap
 
     assert peer_group_cap(own, fraction, cap) == expected
+
+
+def test_a_node_on_a_seeded_set_re_stores_it_and_reports_it_in_its_metrics(tmp_path):
+    from swarm_node.config import TaskConfig
+    from swarm_node.swarm.identity import load_or_create_key
+    from swarm_node.swarm.prompts import end_prompt_set, seed_prompt_set
+    from swarm_node.tasks import load_prompt_set
+
+    clock = Clock()
+    swarm = MemorySwarm(clock)
+    operator = load_or_create_key(tmp_path / "operator.key")
+    stranger = load_or_create_key(tmp_path / "stranger.key")
+    ps = load_prompt_set(TaskConfig(name="arithmetic", size=50))
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, ps, "arith", operator, ttl_s=300)
+    node = make_node(tmp_path, swarm, "A", extra=[
+        f'swarm.prompt_set_id="{ps.id}"', f'swarm.prompt_set_owner="{operator.public_key.decode()}"'])
+    keeper = node.parts.prompt_keeper
+    assert keeper is not None
+    keeper.stop()  # driven by hand below, on the test's clock
+    keeper.tick()  # first sight: draws the re-store time
+    first = node.run_step()
+    assert first["prompt_set_restores"] == 0 and first["prompt_set_restored_bytes"] == 0
+    end_prompt_set(MemoryTransport(swarm, "mallory"), SWARM, ps.id, stranger, ttl_s=3000)
+    clock.t = keeper.due
+    keeper.tick()
+    m = node.run_step()
+    assert m["prompt_set_restores"] == 1 and m["prompt_set_restored_bytes"] > 1000
+    assert m["dropped_tombstone_wrong_owner"] == 1 and m["total_dropped_tombstone_wrong_owner"] == 1
+    assert node.run_step()["prompt_set_restores"] == 0  # per step
+    node._shutdown()

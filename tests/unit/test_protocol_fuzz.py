@@ -20,12 +20,13 @@ from protocol.messages import (
     PromptChunk,
     PromptRef,
     PromptSetManifest,
+    PromptSetTombstone,
     ProtocolError,
     RolloutGroup,
     RolloutIndex,
     SamplingParams,
 )
-from protocol.validate import ValidationLimits, validate_group, validate_manifest, validate_status
+from protocol.validate import ValidationLimits, validate_group, validate_manifest, validate_status, validate_tombstone
 
 N_INPUTS = 12_000
 TIME_BOUND_S = 45.0
@@ -60,6 +61,8 @@ def _seed_messages() -> list[Message]:
                           chunk_digests=["ef" * 32], owner_public_key=b"\x01" * 40, created_at=5.0,
                           signature=b"s" * 64),
         PromptChunk(items=[(0, "What is 2+2?", "4"), (1, "What is 3*3?", "9")]),
+        PromptSetTombstone(prompt_set_id="ps", owner_public_key=b"\x01" * 40, ended_at=6.0, successor="ps2",
+                           signature=b"s" * 64),
     ]
 
 
@@ -147,6 +150,8 @@ def _check(data: bytes, limits: Limits, outcomes: dict[str, int]) -> None:
         validate_status(msg, VLIMITS)
     elif isinstance(msg, PromptSetManifest):
         validate_manifest(msg, VLIMITS)
+    elif isinstance(msg, PromptSetTombstone):
+        validate_tombstone(msg, VLIMITS)
     assert encode(msg, Scheme.NONE, limits=limits)  # whatever decodes re-encodes
 
 
@@ -160,7 +165,7 @@ def test_fuzz_decoder_raises_only_protocol_error() -> None:
         if i % 10 == 0:
             data = rng.randbytes(rng.choice([0, 1, 8, 9, 64, 4096]))
             if rng.random() < 0.5:  # random body behind a valid header
-                data = struct.pack("<2sBBBI", b"SN", rng.randint(1, 2), rng.randint(1, 5), rng.randint(0, 2),
+                data = struct.pack("<2sBBBI", b"SN", rng.randint(1, 2), rng.randint(1, 6), rng.randint(0, 2),
                                    len(data)) + data
         else:
             data = _mutate(rng, seeds)

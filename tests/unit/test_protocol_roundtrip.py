@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol import codec
-from protocol.codec import HEADER_SIZE, Scheme, decode, encode, manifest_signing_bytes
+from protocol.codec import HEADER_SIZE, Scheme, decode, encode, manifest_signing_bytes, tombstone_signing_bytes
 from protocol.validate import ValidationLimits, validate_group
 from protocol.messages import (
     Completion,
@@ -19,6 +19,7 @@ from protocol.messages import (
     PromptChunk,
     PromptRef,
     PromptSetManifest,
+    PromptSetTombstone,
     RolloutGroup,
     RolloutIndex,
     SamplingParams,
@@ -87,7 +88,11 @@ manifests = st.builds(
 chunks = st.builds(
     PromptChunk, items=st.lists(st.tuples(ints, st.text(max_size=200), st.text(max_size=50)), max_size=8)
 )
-messages = st.one_of(groups(), indexes, statuses, manifests, chunks)
+tombstones = st.builds(
+    PromptSetTombstone, prompt_set_id=names, owner_public_key=st.binary(max_size=300), ended_at=floats,
+    successor=names, signature=st.binary(max_size=300),
+)
+messages = st.one_of(groups(), indexes, statuses, manifests, chunks, tombstones)
 
 
 @SETTINGS
@@ -238,6 +243,16 @@ def test_manifest_signing_bytes_exclude_signature() -> None:
     assert b"sig1" not in manifest_signing_bytes(m)
     changed = PromptSetManifest(**{**m.__dict__, "num_problems": 3})
     assert manifest_signing_bytes(changed) != manifest_signing_bytes(m)
+
+
+def test_tombstone_signing_bytes_exclude_signature_and_differ_from_a_manifest() -> None:
+    t = PromptSetTombstone(prompt_set_id="p", owner_public_key=b"key", ended_at=2.0, signature=b"sig1")
+    assert tombstone_signing_bytes(t) == tombstone_signing_bytes(PromptSetTombstone(**{**t.__dict__, "signature": b"x"}))
+    assert b"sig1" not in tombstone_signing_bytes(t)
+    assert tombstone_signing_bytes(PromptSetTombstone(**{**t.__dict__, "successor": "q"})) != tombstone_signing_bytes(t)
+    m = PromptSetManifest(prompt_set_id="p", name="n", answer_kind="number", num_problems=2,
+                          chunk_digests=("0" * 64,), owner_public_key=b"key", created_at=2.0)
+    assert manifest_signing_bytes(m)[3] != tombstone_signing_bytes(t)[3]  # the type byte keeps them apart
 
 
 def test_default_scheme_falls_back_to_none_for_small_records() -> None:

@@ -18,7 +18,7 @@ from hivemind.dht.validation import CompositeValidator, DHTRecord  # noqa: E402
 from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 
 from protocol import codec, keys  # noqa: E402
-from protocol.messages import IndexEntry, NodeStatus, PromptSetManifest, RolloutIndex  # noqa: E402
+from protocol.messages import IndexEntry, NodeStatus, PromptSetManifest, PromptSetTombstone, RolloutIndex  # noqa: E402
 from swarm_node.swarm.index import owned_key_schedule  # noqa: E402
 from swarm_node.swarm.validators import (  # noqa: E402
     CachedRSASignatureValidator,
@@ -116,6 +116,12 @@ def test_a_manifest_is_stored_only_under_its_own_key(key) -> None:
     assert v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "arith-0123"), manifest))
     assert not v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "another-set"), manifest))
     assert not v.validate(_owned(v, key, keys.prompt_manifest_key("other-swarm", "arith-0123"), manifest))
+    # A tombstone ending the set goes under the same key, and only there.
+    tombstone = codec.encode(PromptSetTombstone(prompt_set_id="arith-0123", owner_public_key=b"k" * 40,
+                                                ended_at=time.time(), signature=b"s"))
+    assert v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "arith-0123"), tombstone))
+    assert not v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "another-set"), tombstone))
+    assert not v.validate(_owned(v, key, keys.status_key(SWARM), tombstone))
 
 
 def test_refusals_are_counted_by_reason(key) -> None:

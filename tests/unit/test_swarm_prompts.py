@@ -89,3 +89,25 @@ def test_a_good_copy_wins_over_a_bad_one(operator) -> None:
     seed_prompt_set(MemoryTransport(swarm, "good"), SWARM, ps, "tiny", operator)
     swarm.write_raw_owned(keys.prompt_manifest_key(SWARM, ps.id), "junk", b"garbage", swarm.clock() + 500)
     assert load_prompt_set(MemoryTransport(swarm, "n"), SWARM, ps.id, operator.public_key, timeout=1) == ps
+
+
+def test_an_ended_set_is_refused_with_a_one_line_error(operator, stranger) -> None:
+    from swarm_node.errors import InputError, RuntimeFailure, describe
+    from swarm_node.swarm.prompts import PromptSetEnded, end_prompt_set
+
+    swarm = MemorySwarm()
+    ps = _prompt_set()
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, ps, "tiny", operator)
+    # A stranger's tombstone ends nothing (with or without a configured operator key).
+    end_prompt_set(MemoryTransport(swarm, "mallory"), SWARM, ps.id, stranger)
+    assert load_prompt_set(MemoryTransport(swarm, "n"), SWARM, ps.id, operator.public_key, timeout=1) == ps
+    assert load_prompt_set(MemoryTransport(swarm, "n"), SWARM, ps.id, None, timeout=1) == ps
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, ps.id, operator, successor="arithmetic-v2")
+    for owner in (operator.public_key, None):
+        with pytest.raises(PromptSetEnded, match="use its successor") as info:
+            load_prompt_set(MemoryTransport(swarm, "n"), SWARM, ps.id, owner, timeout=1)
+    err = describe(info.value)
+    assert isinstance(err, InputError) and "swarm.prompt_set_id=arithmetic-v2" in err.line()
+    with pytest.raises(PromptSetError) as missing:
+        load_prompt_set(MemoryTransport(swarm, "n"), SWARM, "arithmetic-00", None, timeout=1)
+    assert isinstance(describe(missing.value), RuntimeFailure)
