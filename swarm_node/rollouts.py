@@ -170,6 +170,10 @@ def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str
     rejects = getattr(parts, "rejects", None)
     if rejects is not None and ids:
         rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
+    ledger = getattr(parts, "ledger", None)
+    if ledger is not None:
+        for sender in ids.values():
+            ledger.record_late_drop(sender, DROP_NONFINITE)
     return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
 
 
@@ -212,6 +216,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
     budget, a fresh one by default), keep at most `max_groups`."""
     verifier = verifier or peer_verifier(parts)
     rejects = getattr(parts, "rejects", None)
+    ledger = getattr(parts, "ledger", None)  # swarm_node.ledger.PeerLedger: each group's fate by sender
     batch = PeerBatch()
     for group in groups:
         reason = _group_reason(parts, group)
@@ -225,12 +230,16 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             reason = DROP_REJECTED_BEFORE
         if reason is not None:
             drops[reason] += 1
+            if ledger is not None:
+                ledger.record_group(group.sender, reason)
             continue
         token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
         verdict = verifier.group_rewards([_decode(parts, ids) for ids in token_ids], problem, group.sender)
         batch.verify_seconds += verdict.seconds
         if verdict.rewards is None:
             drops[verdict.reason or VERIFY_BUDGET] += 1
+            if ledger is not None:
+                ledger.record_group(group.sender, verdict.reason or VERIFY_BUDGET)
             admission = getattr(parts.exchange, "admission", None)
             if verdict.blamed and admission is not None:
                 admission.record(group.sender, verdict.reason or VERIFIER_TIMEOUT)  # lowers its share
@@ -246,6 +255,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                 generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                 reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
+        if ledger is not None:
+            ledger.record_group(group.sender, None)
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
     return batch
