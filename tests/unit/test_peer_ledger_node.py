@@ -1,0 +1,94 @@
+"""The peer ledger inside the node loop (real tiny models, real trainer, in-memory swarm): what it
+attributes to each sender matches the step metrics, and a restarted node keeps it and its trust."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from swarm_node.ledger import FILE_NAME
+from swarm_node.swarm.memory import MemorySwarm
+from tests.unit.test_node_loop import make_node
+
+
+def _rows(node):
+    return {r["peer_id"]: r for r in node.parts.ledger.rows()}
+
+
+def test_ledger_attributes_the_steps_numbers_to_the_sender(tmp_path):
+    swarm = MemorySwarm()
+    a, b = make_node(tmp_path, swarm, "A"), make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a")
+    steps = []
+    for _ in range(2):
+        a.run_step()
+        steps.append(b.run_step())
+    row = _rows(b)["A"]
+    total = lambda key: sum(m.get(key, 0.0) for m in steps)  # noqa: E731
+    assert row["taken"] == total("peer_groups") >= 1
+    assert row["samples"] == total("peer_samples") == 4 * row["taken"]
+    assert row["gradient"] == total("peer_samples_gradient")
+    assert row["filtered"] == total("filtered")  # the filter's scope is peers' samples
+    assert row["offered"] == row["taken"] + row["dropped"]
+    # Every peer sample was scored: its KL and weight are the ones the step's metrics summarise.
+    assert row["kl"]["count"] == row["samples"] and row["is_weight"]["count"] == row["samples"]
+    kl = sum(m["kl_peer_mean"] * m["peer_samples"] for m in steps) / total("peer_samples")
+    assert row["kl"]["mean"] == pytest.approx(kl, rel=1e-6, abs=1e-9)
+    assert row["reputation"]["good"] > 0 and row["reputation"]["faults"] == 0
+    assert a.parts.ledger is not None and "B" in a.parts.ledger
+
+
+def test_drops_are_attributed_to_the_sender(tmp_path):
+    swarm = MemorySwarm()
+    other = make_node(tmp_path, swarm, "B", model="tiny-random:64x1:b")  # another tokenizer
+    a = make_node(tmp_path, swarm, "A")
+    other.run_step()
+    m = a.run_step()
+    row = _rows(a)["B"]
+    assert row["taken"] == 0 and row["samples"] == 0
+    assert row["dropped_by_reason"] == {"tokenizer_mismatch": m["dropped_tokenizer_mismatch"]}
+
+
+def test_restart_mid_run_keeps_counts_and_reputation(tmp_path):
+    swarm = MemorySwarm()
+    a, b = make_node(tmp_path, swarm, "A"), make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a")
+    a.run_step()
+    b.run_step()  # checkpoint.every_steps=1: the ledger is written with the checkpoint
+    before = _rows(b)["A"]
+    trust = b.parts.exchange.admission.reputation.good["A"]
+    assert before["taken"] >= 1 and trust > 0
+    saved = json.loads((tmp_path / "B" / FILE_NAME).read_text())
+    assert [p["peer_id"] for p in saved["peers"]] == ["A"]
+
+    restarted = make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a")
+    assert restarted.step == 1
+    admission = restarted.parts.exchange.admission
+    assert admission.reputation is restarted.parts.ledger.reputation
+    assert admission.reputation.good["A"] == pytest.approx(trust)
+    assert _rows(restarted)["A"] == before
+    a.run_step()
+    restarted.run_step()
+    after = _rows(restarted)["A"]
+    assert after["taken"] > before["taken"] and after["samples"] > before["samples"]
+    assert after["first_seen"] == before["first_seen"]
+
+
+def test_a_damaged_ledger_never_stops_the_node(tmp_path, caplog):
+    swarm = MemorySwarm()
+    (tmp_path / "B").mkdir()
+    (tmp_path / "B" / FILE_NAME).write_text('{"format": 1, "peers": [')  # a torn write
+    a = make_node(tmp_path, swarm, "A")
+    b = make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a")
+    assert len(b.parts.ledger) == 0
+    assert any(p.name.startswith(FILE_NAME + ".damaged-") for p in (tmp_path / "B").iterdir())
+    assert any("peer ledger" in r.getMessage() and "empty ledger" in r.getMessage() for r in caplog.records)
+    a.run_step()
+    m = b.run_step()
+    assert m["step"] == 1 and _rows(b)["A"]["taken"] == m["peer_groups"]
+    assert json.loads((tmp_path / "B" / FILE_NAME).read_text())["format"] == 1
+
+
+def test_isolated_node_keeps_no_ledger(tmp_path):
+    node = make_node(tmp_path, None, "solo")
+    node.run(max_steps=1)
+    assert node.parts.ledger is None and not (tmp_path / "solo" / FILE_NAME).exists()
