@@ -8,6 +8,7 @@ the same rows (`dashboard.sources.LedgerSource`).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,30 +42,30 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _pair(stat: dict[str, Any], spec: str) -> str:
+    return f"{stat['mean']:{spec}} / {stat['p90']:{spec}}" if stat["count"] else "-"
+
+
 def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "") -> Table:
-    """One line per peer: groups taken/offered, drops (top reason), samples, gradient and filtered
-    shares, KL and IS-weight mean and p90, mean reward, reputation weight, last seen."""
+    """One line per peer: groups taken / offered, drops (top reason), samples trained on, the shares
+    that carried gradient and were filtered, KL and IS weight (mean / p90), mean reward,
+    reputation weight (or `excluded`), and when it was last seen."""
     table = Table(title=title or f"peer ledger: {len(rows)} peers", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("peer", "taken", "offered", "dropped", "top drop", "samples", "grad", "filt", "kl mean",
-                "kl p90", "w mean", "w p90", "reward", "rep", "seen"):
-        table.add_column(col, justify="left" if col in ("peer", "top drop") else "right")
+    for col in ("peer", "taken/offered", "dropped (top)", "samples", "grad", "filt", "kl mean/p90",
+                "w mean/p90", "reward", "rep", "seen"):
+        table.add_column(col, justify="left" if col in ("peer", "dropped (top)") else "right", no_wrap=True)
     for r in rows:
         reasons = r["dropped_by_reason"]
-        top = max(reasons, key=lambda k: (reasons[k], k)) if reasons else "-"
-        samples = r["samples"]
-        rep = r["reputation"]
+        top = max(reasons, key=lambda k: (reasons[k], k)) if reasons else None
+        samples, rep = r["samples"], r["reputation"]
         table.add_row(
-            r["peer_id"][:14] + ("…" if len(r["peer_id"]) > 14 else ""), str(r["taken"]), str(r["offered"]),
-            str(r["dropped"]), top, str(samples),
+            r["peer_id"][:14] + ("…" if len(r["peer_id"]) > 14 else ""), f"{r['taken']}/{r['offered']}",
+            f"{r['dropped']} ({top})" if top else str(r["dropped"]), str(samples),
             _fmt(r["gradient_share"] if samples else None, ".2f"), _fmt(r["filtered_share"] if samples else None, ".2f"),
-            _fmt(r["kl"]["mean"] if r["kl"]["count"] else None, ".3g"),
-            _fmt(r["kl"]["p90"] if r["kl"]["count"] else None, ".3g"),
-            _fmt(r["is_weight"]["mean"] if r["is_weight"]["count"] else None, ".3f"),
-            _fmt(r["is_weight"]["p90"] if r["is_weight"]["count"] else None, ".3f"),
+            _pair(r["kl"], ".3g"), _pair(r["is_weight"], ".3f"),
             _fmt(r["reward"]["mean"] if r["reward"]["count"] else None, ".3f"),
-            "excluded" if rep["excluded"] else f"{rep['weight']:.2f}",
-            f"{max(0.0, now - r['last_seen']):.0f}s ago",
+            "excluded" if rep["excluded"] else f"{rep['weight']:.2f}", f"{max(0.0, now - r['last_seen']):.0f}s ago",
             style="red" if rep["excluded"] else None)
     return table
 
@@ -75,4 +76,5 @@ def run_peers_status(node_dir: Path, *, as_json: bool) -> None:
     if as_json:
         print(json.dumps(rows, indent=1, allow_nan=False))
         return
-    Console().print(render_peer_table(rows, time.time(), f"peer ledger of {node_dir}: {len(rows)} peers"))
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
+    console.print(render_peer_table(rows, time.time(), f"peer ledger of {node_dir}: {len(rows)} peers"))

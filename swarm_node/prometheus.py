@@ -16,19 +16,20 @@ from typing import Any
 from swarm_node.ledger import top_peers
 from swarm_node.metrics import NAME_RE, DROPPED_PREFIX, METRICS, TOTAL_DROPPED_PREFIX, as_number
 
-# name (after the prefix) -> (value of a ledger row, help text); counts are since the ledger began
+# name (after the prefix; `ledger_`, apart from the step metrics) -> (value of a ledger row, help text);
+# counts are since the ledger began (it survives restarts), so these are gauges
 PEER_GAUGES: dict[str, tuple[Any, str]] = {
-    "peer_groups_offered": (lambda r: r["offered"], "Groups (and index records) of a peer this node judged."),
-    "peer_groups_taken": (lambda r: r["taken"], "Groups of a peer that became training samples."),
-    "peer_groups_dropped": (lambda r: r["dropped"], "Groups (and index records) of a peer dropped, any reason."),
-    "peer_samples_taken": (lambda r: r["samples"], "Samples of a peer trained on (filtered ones included)."),
-    "peer_samples_gradient": (lambda r: r["gradient"], "Samples of a peer that carried gradient."),
-    "peer_samples_filtered": (lambda r: r["filtered"], "Samples of a peer the filter dropped."),
-    "peer_kl_mean": (lambda r: r["kl"]["mean"], "Mean per-sample KL of a peer's samples (configured estimator)."),
-    "peer_is_weight_mean": (lambda r: r["is_weight"]["mean"], "Mean importance weight pi_old/pi_gen of a peer's samples."),
-    "peer_reward_mean": (lambda r: r["reward"]["mean"], "Mean reward (recomputed here) of a peer's samples."),
-    "peer_reputation_good": (lambda r: r["reputation"]["good"], "Decayed count of a peer's accepted groups."),
-    "peer_reputation_faults": (lambda r: r["reputation"]["faults"], "Decayed count of a peer's faults."),
+    "ledger_groups_offered": (lambda r: r["offered"], "Groups (and index records) of a peer this node judged."),
+    "ledger_groups_taken": (lambda r: r["taken"], "Groups of a peer that became training samples."),
+    "ledger_groups_dropped": (lambda r: r["dropped"], "Groups (and index records) of a peer dropped, any reason."),
+    "ledger_samples": (lambda r: r["samples"], "Samples of a peer trained on (filtered ones included)."),
+    "ledger_samples_gradient": (lambda r: r["gradient"], "Samples of a peer that carried gradient."),
+    "ledger_samples_filtered": (lambda r: r["filtered"], "Samples of a peer the filter dropped."),
+    "ledger_kl_mean": (lambda r: r["kl"]["mean"], "Mean per-sample KL of a peer's samples (configured estimator)."),
+    "ledger_is_weight_mean": (lambda r: r["is_weight"]["mean"], "Mean importance weight pi_old/pi_gen of a peer's samples."),
+    "ledger_reward_mean": (lambda r: r["reward"]["mean"], "Mean reward (recomputed here) of a peer's samples."),
+    "ledger_reputation_good": (lambda r: r["reputation"]["good"], "Decayed count of a peer's accepted groups."),
+    "ledger_reputation_faults": (lambda r: r["reputation"]["faults"], "Decayed count of a peer's faults."),
 }
 
 

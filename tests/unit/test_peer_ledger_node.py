@@ -92,3 +92,24 @@ def test_isolated_node_keeps_no_ledger(tmp_path):
     node = make_node(tmp_path, None, "solo")
     node.run(max_steps=1)
     assert node.parts.ledger is None and not (tmp_path / "solo" / FILE_NAME).exists()
+
+
+def test_a_node_exports_its_ledger_to_prometheus(tmp_path):
+    from prometheus_client import generate_latest
+
+    from swarm_node.prometheus import PrometheusExporter
+
+    swarm = MemorySwarm()
+    a = make_node(tmp_path, swarm, "A")
+    b = make_node(tmp_path, swarm, "B", model="tiny-random:96x1:a",
+                  extra=['metrics.prometheus_addr="127.0.0.1:0"', "metrics.prometheus_top_peers=1"])
+    try:
+        a.run_step()
+        b.run_step()
+        exporter = next(s.__self__ for s in b.parts.sinks if isinstance(getattr(s, "__self__", None), PrometheusExporter))
+        text = generate_latest(exporter.registry).decode()
+        taken = _rows(b)["A"]["samples"]
+        assert taken > 0 and f'swarm_node_ledger_samples{{peer="A"}} {float(taken)}' in text
+    finally:
+        for hook in reversed(b.parts.close_hooks):
+            hook()
