@@ -165,15 +165,19 @@ def group_record_id(group: RolloutGroup) -> str:
 
 def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str]:
     """Record the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`) in the
-    node's reject list, so they stay refused (also after a restart); returns the drops to count."""
+    node's reject list, so they stay refused (also after a restart), and as faults of their senders
+    (reputation, peer ledger); returns the drops to count."""
     ids = {s.record_id: s.source for s in samples if s.is_peer and s.record_id}
     rejects = getattr(parts, "rejects", None)
     if rejects is not None and ids:
         rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
     ledger = getattr(parts, "ledger", None)
-    if ledger is not None:
-        for sender in ids.values():
+    admission = getattr(parts.exchange, "admission", None)
+    for sender in ids.values():
+        if ledger is not None:
             ledger.record_late_drop(sender, DROP_NONFINITE)
+        if admission is not None:
+            admission.record(sender, DROP_NONFINITE)  # a fault: it lowers the sender's share
     return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
 
 
