@@ -83,12 +83,13 @@ class Stat:
             return
         self.count += 1
         self.total += value
+        kept = float(f"{value:.6g}")  # 6 digits are plenty for a quantile, and halve the file
         if len(self.reservoir) < RESERVOIR:
-            self.reservoir.append(value)
+            self.reservoir.append(kept)
         else:
             j = rng.randrange(self.count)
             if j < RESERVOIR:
-                self.reservoir[j] = value
+                self.reservoir[j] = kept
 
     @property
     def mean(self) -> float:

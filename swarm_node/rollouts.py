@@ -234,7 +234,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             reason = DROP_REJECTED_BEFORE
         if reason is not None:
             drops[reason] += 1
-            if ledger is not None:
+            if ledger is not None and reason != DROP_OWN_ECHO:  # this node is no peer of its own
                 ledger.record_group(group.sender, reason)
             continue
         token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
