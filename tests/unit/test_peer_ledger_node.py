@@ -113,3 +113,33 @@ def test_a_node_exports_its_ledger_to_prometheus(tmp_path):
     finally:
         for hook in reversed(b.parts.close_hooks):
             hook()
+
+
+def test_trainer_attributes_each_measurement_to_its_sample(tmp_path):
+    """Winners (reward 1, on-policy logprobs) and losers (reward 0, logprobs 3 nats lower per token)
+    of two mixed groups: the per-sample flags and weights must land on the right sender, although
+    the trainer scores losers (no gradient) in another pass and order than winners."""
+    import dataclasses
+
+    from swarm_node.config import ObjectiveConfig, TrainConfig
+    from swarm_node.policy.trainer import Trainer
+    from tests.unit.test_policy_trainer import make_policy, make_samples
+
+    policy = make_policy(tmp_path)
+    samples = make_samples(policy, [[1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.0]], peer=True)
+    samples = [dataclasses.replace(s, source="winner") if s.reward == 1.0 else
+               dataclasses.replace(s, source="loser", generator_logprobs=s.generator_logprobs - 3.0)
+               for s in samples]
+    samples += make_samples(policy, [[1.0, 0.0]], seed=1)  # own samples: not in the peer stats
+    trainer = Trainer(policy, TrainConfig(learning_rate=1e-5, micro_batch_size=3),
+                      ObjectiveConfig(variant="f-tis", kl_threshold=1e6), temperature=1.0)
+    metrics = trainer.step(samples)
+    stats = trainer.peer_sample_stats
+    assert [s.peer for s in stats] == [s.source for s in samples if s.is_peer]
+    assert [s.reward for s in stats] == [s.reward for s in samples if s.is_peer]
+    winners = [s for s in stats if s.peer == "winner"]
+    losers = [s for s in stats if s.peer == "loser"]
+    assert len(winners) == len(losers) == 4
+    assert all(s.gradient and not s.filtered and abs(s.is_weight - 1.0) < 1e-3 and s.kl < 1e-3 for s in winners)
+    assert all(s.filtered and not s.gradient and s.is_weight > 15.0 and s.kl > 1.0 for s in losers)
+    assert sum(s.gradient for s in stats) == metrics["peer_samples_gradient"]
