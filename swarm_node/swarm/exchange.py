@@ -217,9 +217,9 @@ class RolloutExchange:
         self._degraded.check(len(groups), drops)
         return groups, drops
 
-    def _drop(self, drops: DropCounter, reason: str, owner: str) -> None:
+    def _drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True) -> None:
         drops.add(reason)
-        if self.admission is not None:
+        if verdict and self.admission is not None:
             self.admission.record(owner, reason)
         if self.ledger is not None:
             self.ledger.record_group(owner, reason)
@@ -239,8 +239,8 @@ class RolloutExchange:
                 if exclude_self and owner == self.transport.peer_id:
                     continue
                 refused = self.admission.peer_reason(owner) if self.admission is not None else None
-                if refused is not None:
-                    self._drop(drops, refused, owner)  # a neutral reason: no fault of the peer
+                if refused is not None:  # this node's own rule: no verdict on the peer's data
+                    self._drop(drops, refused, owner, verdict=False)
                     continue
                 for c in self._index_candidates(owner, read, item.value, current, staleness, drops, evaluated):
                     candidates[(owner, tuple(c.entry.chunk_digests))] = c
