@@ -219,7 +219,7 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
         if peers:
             from swarm_node.ledger_view import run_peers_status
 
-            return run_peers_status(node_dir or NodeConfig().node_dir, as_json=as_json)
+            return run_peers_status(node_dir or NodeConfig().node_dir, as_json=as_json, watch=watch, interval=interval)
         if not initial_peer:
             raise InputError("status needs --initial-peer", "pass the multiaddr of any node of the swarm (-p ...)")
         from swarm_node import preflight

@@ -70,11 +70,25 @@ def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "
     return table
 
 
-def run_peers_status(node_dir: Path, *, as_json: bool) -> None:
-    """Print the ledger of the node in `node_dir` (JSON: a list of rows, most samples first)."""
+def run_peers_status(node_dir: Path, *, as_json: bool, watch: bool = False, interval: float = 5.0) -> None:
+    """Print the ledger of the node in `node_dir` (JSON: a list of rows, most samples first);
+    `watch`: re-read the file every `interval` seconds and redraw the table until Ctrl-C."""
     rows = ledger_rows(node_dir)
     if as_json:
         print(json.dumps(rows, indent=1, allow_nan=False))
         return
     console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
-    console.print(render_peer_table(rows, time.time(), f"peer ledger of {node_dir}: {len(rows)} peers"))
+    title = lambda n: f"peer ledger of {node_dir}: {n} peers"  # noqa: E731
+    if not watch:
+        console.print(render_peer_table(rows, time.time(), title(len(rows))))
+        return
+    from rich.live import Live
+
+    from swarm_node.observe import stop_on_signals
+
+    stop = stop_on_signals()
+    with Live(console=console, refresh_per_second=1) as live:
+        while not stop.is_set():
+            live.update(render_peer_table(rows, time.time(), title(len(rows))))
+            stop.wait(interval)
+            rows = ledger_rows(node_dir)

@@ -124,3 +124,19 @@ def test_dashboard_serves_the_ledgers_of_local_nodes(tmp_path):
         assert 'id="ledger"' in page and "/api/ledger" in script and "drawLedger" in script
     with DashboardServer(FakeStatusSource(), port=0, poll_interval_s=60) as dash:
         assert _get_json(dash.url + "api/ledger")["nodes"] == []  # no --node-dir: the table stays hidden
+
+
+def test_status_peers_watch_draws_until_ctrl_c(capsys, tmp_path):
+    import os
+    import signal
+    import threading
+
+    node_dir = _node_dir(tmp_path)
+    timer = threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGINT))  # Ctrl-C after a few redraws
+    timer.start()
+    try:
+        code, out, err = run(capsys, "status", "--peers", "--node-dir", str(node_dir), "--watch", "--interval", "0.5")
+    finally:
+        timer.cancel()
+    assert code == 130, err
+    assert PEER_A[:14] in out and "peer ledger of" in out
