@@ -111,10 +111,15 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         close_hooks.append(exporter.stop)
 
     exchange = None
+    ledger = None
     peer_id = "local"
     dht_time = None
     if transport is not None:
+        from swarm_node.ledger import FILE_NAME as LEDGER_FILE
+        from swarm_node.ledger import PeerLedger
         from swarm_node.swarm.exchange import RolloutExchange
+
+        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers)
 
         min_g, max_g = peer_group_bounds(cfg)
         exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
@@ -126,10 +131,12 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    index_peers_per_shard=cfg.swarm.index_peers_per_shard,
                                    index_shards_per_read=cfg.swarm.index_shards_per_read,
                                    temperature_range=(cfg.swarm.min_peer_temperature, cfg.swarm.max_peer_temperature),
-                                   admission=build_admission(cfg, prompt_set))
+                                   admission=build_admission(cfg, prompt_set, ledger.reputation), ledger=ledger)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
         sinks.append(_status_sink(exchange, transport, cfg, policy))
+        if cfg.metrics.prometheus_addr:
+            sinks.append(lambda _metrics: exporter.update_peers(ledger.rows(), cfg.metrics.prometheus_top_peers))
 
     def save(extra: dict) -> None:
         save_checkpoint(node_dir, trainer, cfg, extra)
@@ -139,7 +146,8 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
                       prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
                       sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
-                      rejects=RejectList(node_dir / FILE_NAME), prompt_keeper=keeper)
+                      rejects=RejectList(node_dir / FILE_NAME), prompt_keeper=keeper,
+                      ledger=ledger)
     if dht_time is not None:
         parts.dht_time = dht_time
     if cfg.eval.problems:
@@ -172,8 +180,9 @@ def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
     return cfg.swarm.min_peer_group_size or g, cfg.swarm.max_peer_group_size or g
 
 
-def build_admission(cfg: NodeConfig, prompt_set: Any) -> Any:
-    """The node's admission rules (swarm/admission.py) from its config and prompt set."""
+def build_admission(cfg: NodeConfig, prompt_set: Any, reputation: Any | None = None) -> Any:
+    """The node's admission rules (swarm/admission.py) from its config and prompt set; `reputation`:
+    the peer ledger's, so trust survives a restart (a fresh one if None)."""
     from swarm_node.swarm.admission import Admission, PromptAssignment
     from swarm_node.swarm.allowlist import load_allow_list
 
@@ -187,7 +196,8 @@ def build_admission(cfg: NodeConfig, prompt_set: Any) -> Any:
                                window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
     tokens = s.max_peer_tokens_per_step or (
         s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
-    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens)
+    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens,
+                     reputation=reputation)
 
 
 def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):

@@ -32,6 +32,8 @@ Examples:
 
   swarm-node status -p /ip4/1.2.3.4/tcp/31337/p2p/Qm... --json
 
+  swarm-node status --peers --node-dir runs/a      # what node a took from each peer
+
   swarm-node eval --checkpoint runs/solo/checkpoints/step-00000020
 
   swarm-node report runs/local-20260101-120000
@@ -226,12 +228,19 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
            watch: Annotated[bool, typer.Option(help="Refresh the table until Ctrl-C.")] = False,
            interval: Annotated[float, typer.Option(min=0.5)] = 5.0,
            timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for the swarm.")] = 20.0,
+           peers: Annotated[bool, typer.Option("--peers", help="Show the peer ledger of a local node (--node-dir) "
+                                               "instead: what it took from and dropped of each peer.")] = False,
+           node_dir: NodeDirOpt = None,
            verbose: VerboseOpt = False) -> None:
-    """Table of live peers from their status records."""
+    """Table of live peers from their status records (--peers: a local node's peer ledger)."""
     from swarm_node.errors import InputError
 
     _setup_logging(verbose)
     try:
+        if peers:
+            from swarm_node.ledger_view import run_peers_status
+
+            return run_peers_status(node_dir or NodeConfig().node_dir, as_json=as_json, watch=watch, interval=interval)
         if not initial_peer:
             raise InputError("status needs --initial-peer", "pass the multiaddr of any node of the swarm (-p ...)")
         from swarm_node import preflight
@@ -259,7 +268,9 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
 def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
               host: Annotated[str, typer.Option()] = "127.0.0.1",
               port: Annotated[int, typer.Option(min=0, max=65535, help="0 picks a free port.")] = 8080,
-              poll_interval: Annotated[float, typer.Option(min=0.2, help="Seconds between status reads.")] = 2.0) -> None:
+              poll_interval: Annotated[float, typer.Option(min=0.2, help="Seconds between status reads.")] = 2.0,
+              node_dir: Annotated[Optional[list[Path]], typer.Option("--node-dir", help="A node directory on this "
+                                  "machine whose peer ledger the page shows (repeatable).")] = None) -> None:
     """Join as an observer (client mode, no training) and serve a web dashboard."""
     from swarm_node.observe import run_dashboard
 
@@ -267,7 +278,7 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
     if not initial_peer:
         typer.secho("dashboard needs --initial-peer (the multiaddr of any node of the swarm)", fg="red", err=True)
         raise typer.Exit(2)
-    run_dashboard(initial_peer, swarm_id, host=host, port=port, poll_interval=poll_interval)
+    run_dashboard(initial_peer, swarm_id, host=host, port=port, poll_interval=poll_interval, ledger_dirs=node_dir or [])
 
 
 @app.command()

@@ -338,6 +338,11 @@ class MetricsConfig(_Section):
     jsonl: bool = Field(True, description="Write metrics.jsonl in the node directory.")
     prometheus_addr: str | None = Field(None, description="host:port to serve /metrics on, e.g. 127.0.0.1:9400.")
     status_every_steps: int = Field(1, ge=1, description="Publish a status record every N steps.")
+    ledger_max_peers: int = Field(256, ge=1, le=65536, description="Peers the peer ledger (peer_ledger.json) "
+                                  "keeps, least recently seen forgotten first.")
+    ledger_every_steps: int = Field(10, ge=1, description="Write the peer ledger every N steps (and at checkpoints).")
+    prometheus_top_peers: int = Field(10, ge=0, le=100, description="Peers exported by id in the per-peer "
+                                      "Prometheus metrics (most samples taken); the rest share the label `other`.")
 
 
 class NodeConfig(_Section):

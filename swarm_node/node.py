@@ -53,6 +53,7 @@ class NodeParts:
     save_checkpoint: Callable[[dict[str, Any]], None] | None = None
     close_hooks: list[Callable[[], None]] = field(default_factory=list)
     rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
+    ledger: Any | None = None  # swarm_node.ledger.PeerLedger: per-peer counts, statistics, reputation
     evaluate: Callable[[int], Any] | None = None  # held-out evaluation at a step (heldout_eval.py)
     # Prompts by window slot (the binding) rather than by step; None: when exchanging with peers.
     # The lockstep harness sets it for every arm, so isolated and swarm arms share a prompt order.
@@ -127,10 +128,15 @@ class Node:
                 hook()
 
     def checkpoint(self) -> None:
+        self.save_ledger()
         if self.parts.save_checkpoint is not None:
             self.parts.save_checkpoint({"step": self.step, "peer_id": self.parts.peer_id,
                                         "drops": dict(self._drops)})
             self._last_checkpoint_step = self.step
+
+    def save_ledger(self) -> None:
+        if self.parts.ledger is not None:
+            self.parts.ledger.save()
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -182,6 +188,8 @@ class Node:
         if parts.prompt_keeper is not None:  # raises here if the keeper's thread failed
             keeper_metrics = parts.prompt_keeper.step_metrics()
             step_drops.update(parts.prompt_keeper.take_drops())
+        if parts.ledger is not None:
+            parts.ledger.record_samples(getattr(parts.trainer, "peer_sample_stats", ()))
         self._drops.update(step_drops)
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
@@ -218,6 +226,8 @@ class Node:
             sink(metrics)
         if self.step % cfg.checkpoint.every_steps == 0:
             self.checkpoint()
+        elif self.step % cfg.metrics.ledger_every_steps == 0:
+            self.save_ledger()
         log.info("step %d reward %.3f acc %.3f own %d peer %d loss %.4f (%.1fs)", self.step,
                  own.reward_mean, own.accuracy, len(own.samples), len(peer.samples),
                  metrics.get("loss", 0.0), metrics["step_seconds"])

@@ -335,7 +335,10 @@ def _stats(
         kl_values=kls[cfg.kl_estimator].to(f64),
         kl_k3_gen_values=kls["k3_gen"].to(f64),
         kl_k3_theta_values=kls["k3_theta"].to(f64),
+        rho_values=((rho * maskf).sum(dim=1, dtype=f64) / mask.sum(dim=1).clamp(min=1)).to(f64),
         kl_is_peer=inputs.is_peer.clone(),
+        filtered_flags=filtered.clone(),
+        gradient_flags=adv != 0,
     )
 
 

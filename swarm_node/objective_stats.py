@@ -9,7 +9,9 @@ import torch
 from torch import Tensor
 
 QUANTILES = (0.5, 0.9, 0.99)
-_PER_SAMPLE = ("kl_values", "kl_k3_gen_values", "kl_k3_theta_values", "kl_is_peer")  # concatenated by merge
+_PER_SAMPLE = ("kl_values", "kl_k3_gen_values", "kl_k3_theta_values", "rho_values", "kl_is_peer",
+               "filtered_flags", "gradient_flags")  # concatenated by merge
+_FLAGS = ("kl_is_peer", "filtered_flags", "gradient_flags")  # the bool ones
 _MAXIMA = ("rho_max", "rho_peer_max")  # merged by max
 
 
@@ -34,6 +36,9 @@ class ObjectiveStats:
     Cross-tokenizer samples (`swarm_node.crosstok`) are scored per chunk: their token statistics
     count this node's tokens, each carrying its chunk's weight (rho of the chunk); their KL values
     are over chunks (`mean`: per chunk).
+    Per scored sample, in the order of the calls merged, are also kept its mean rho, whether the
+    rule dropped it and whether it can carry gradient: the trainer attributes them to the sample's
+    sender (`Trainer.peer_sample_stats`, the peer ledger).
     """
 
     n_samples: Tensor
@@ -58,16 +63,19 @@ class ObjectiveStats:
     kl_values: Tensor  # [n_samples] float64, the configured estimator
     kl_k3_gen_values: Tensor  # [n_samples] float64
     kl_k3_theta_values: Tensor  # [n_samples] float64
+    rho_values: Tensor  # [n_samples] float64, mean rho over each sample's valid tokens
     kl_is_peer: Tensor  # [n_samples] bool
+    filtered_flags: Tensor  # [n_samples] bool, dropped by the filter rule
+    gradient_flags: Tensor  # [n_samples] bool, A' != 0 (can carry gradient)
 
     @classmethod
     def empty(cls) -> ObjectiveStats:
         """The neutral element of `merge`."""
         z = torch.zeros((), dtype=torch.float64)
         neg_inf = torch.tensor(float("-inf"), dtype=torch.float64)
-        values = {name: torch.zeros(0, dtype=torch.float64) for name in _PER_SAMPLE if name != "kl_is_peer"}
+        values = {name: torch.zeros(0, dtype=torch.bool if name in _FLAGS else torch.float64) for name in _PER_SAMPLE}
         return cls(**{f.name: z for f in fields(cls) if f.name not in (*_PER_SAMPLE, *_MAXIMA)},
-                   **dict.fromkeys(_MAXIMA, neg_inf), **values, kl_is_peer=torch.zeros(0, dtype=torch.bool))
+                   **dict.fromkeys(_MAXIMA, neg_inf), **values)
 
     def merge(self, other: ObjectiveStats) -> ObjectiveStats:
         """Add `other` into this object (in place) and return it, so both `a.merge(b)` and
@@ -83,6 +91,11 @@ class ObjectiveStats:
                 merged = mine + theirs
             setattr(self, f.name, merged)
         return self
+
+    def per_sample(self) -> list[tuple[float, float, bool, bool]]:
+        """(KL, mean rho, filtered, can carry gradient) of every scored sample, in merge order."""
+        return list(zip(self.kl_values.detach().cpu().tolist(), self.rho_values.detach().cpu().tolist(),
+                        self.filtered_flags.cpu().tolist(), self.gradient_flags.cpu().tolist(), strict=True))
 
     def to_dict(self) -> dict[str, float]:
         """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""

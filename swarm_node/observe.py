@@ -146,12 +146,14 @@ def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, wa
 
 
 def run_dashboard(initial_peers: Sequence[str], swarm_id: str, *, host: str, port: int,
-                  poll_interval: float = 2.0) -> None:
+                  poll_interval: float = 2.0, ledger_dirs: Sequence[Path] = ()) -> None:
     from swarm_node.dashboard.server import DashboardServer
+    from swarm_node.dashboard.sources import LedgerSource
 
     transport, exchange = connect_observer(initial_peers, swarm_id)
     server = DashboardServer(SwarmStatusSource(exchange, timeout=10.0), host=host, port=port,
-                             poll_interval_s=poll_interval)
+                             poll_interval_s=poll_interval,
+                             ledger_source=LedgerSource(ledger_dirs) if ledger_dirs else None)
     stop = stop_on_signals()
     try:
         server.start()

@@ -1,6 +1,9 @@
 """The Prometheus exporter: a node's (or bootstrap's) latest metrics on `http://<addr>/metrics`.
 
-Metric names and their help texts are metrics.py's contract; this module only serves them.
+Metric names and their help texts are metrics.py's contract; this module only serves them. The
+per-peer gauges of the peer ledger (`PEER_GAUGES`, labelled `peer`) are defined here: the top K
+peers by samples taken (`metrics.prometheus_top_peers`) by id, the rest summed under `other`, so
+a swarm of any size adds at most K + 1 label values per gauge.
 """
 
 from __future__ import annotations
@@ -10,7 +13,24 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from swarm_node.ledger import top_peers
 from swarm_node.metrics import NAME_RE, DROPPED_PREFIX, METRICS, TOTAL_DROPPED_PREFIX, as_number
+
+# name (after the prefix; `ledger_`, apart from the step metrics) -> (value of a ledger row, help text);
+# counts are since the ledger began (it survives restarts), so these are gauges
+PEER_GAUGES: dict[str, tuple[Any, str]] = {
+    "ledger_groups_offered": (lambda r: r["offered"], "Groups (and index records) of a peer this node judged."),
+    "ledger_groups_taken": (lambda r: r["taken"], "Groups of a peer that became training samples."),
+    "ledger_groups_dropped": (lambda r: r["dropped"], "Groups (and index records) of a peer dropped, any reason."),
+    "ledger_samples": (lambda r: r["samples"], "Samples of a peer trained on (filtered ones included)."),
+    "ledger_samples_gradient": (lambda r: r["gradient"], "Samples of a peer that carried gradient."),
+    "ledger_samples_filtered": (lambda r: r["filtered"], "Samples of a peer the filter dropped."),
+    "ledger_kl_mean": (lambda r: r["kl"]["mean"], "Mean per-sample KL of a peer's samples (configured estimator)."),
+    "ledger_is_weight_mean": (lambda r: r["is_weight"]["mean"], "Mean importance weight pi_old/pi_gen of a peer's samples."),
+    "ledger_reward_mean": (lambda r: r["reward"]["mean"], "Mean reward (recomputed here) of a peer's samples."),
+    "ledger_reputation_good": (lambda r: r["reputation"]["good"], "Decayed count of a peer's accepted groups."),
+    "ledger_reputation_faults": (lambda r: r["reputation"]["faults"], "Decayed count of a peer's faults."),
+}
 
 
 class PrometheusExporter:
@@ -38,6 +58,8 @@ class PrometheusExporter:
             ["reason"],
             registry=self.registry,
         )
+        self._peer_gauges: dict[str, Any] = {}
+        self._peer_labels: set[str] = set()
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -89,6 +111,26 @@ class PrometheusExporter:
                     gauge = Gauge(self.PREFIX + name, help_text, registry=self.registry)
                     self._gauges[name] = gauge
                 gauge.set(v)
+
+    def update_peers(self, rows: list[dict[str, Any]], top_k: int) -> None:
+        """Publish the peer ledger's rows (`ledger.PeerLedger.rows`): the `top_k` peers with the
+        most samples taken by id, the rest under `other`; label values of peers that left the top
+        are removed, so the exported series stay bounded."""
+        from prometheus_client import Gauge
+
+        shown = top_peers(rows, top_k)
+        labels = {r["peer_id"] for r in shown}
+        with self._lock:
+            if not self._peer_gauges:
+                self._peer_gauges = {name: Gauge(self.PREFIX + name, help_text, ["peer"], registry=self.registry)
+                                     for name, (_, help_text) in PEER_GAUGES.items()}
+            for gone in self._peer_labels - labels:
+                for gauge in self._peer_gauges.values():
+                    gauge.remove(gone)
+            for r in shown:
+                for name, (value, _) in PEER_GAUGES.items():
+                    self._peer_gauges[name].labels(peer=r["peer_id"]).set(float(value(r)))
+            self._peer_labels = labels
 
     def __enter__(self) -> PrometheusExporter:
         self.start()

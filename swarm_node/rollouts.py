@@ -206,11 +206,19 @@ def group_record_id(group: RolloutGroup) -> str:
 
 def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str]:
     """Record the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`) in the
-    node's reject list, so they stay refused (also after a restart); returns the drops to count."""
+    node's reject list, so they stay refused (also after a restart), and as faults of their senders
+    (reputation, peer ledger); returns the drops to count."""
     ids = {s.record_id: s.source for s in samples if s.is_peer and s.record_id}
     rejects = getattr(parts, "rejects", None)
     if rejects is not None and ids:
         rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
+    ledger = getattr(parts, "ledger", None)
+    admission = getattr(parts.exchange, "admission", None)
+    for sender in ids.values():
+        if ledger is not None:
+            ledger.record_late_drop(sender, DROP_NONFINITE)
+        if admission is not None:
+            admission.record(sender, DROP_NONFINITE)  # a fault: it lowers the sender's share
     return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
 
 
@@ -256,6 +264,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
     budget, a fresh one by default), keep at most `max_groups`."""
     verifier = verifier or peer_verifier(parts)
     rejects = getattr(parts, "rejects", None)
+    ledger = getattr(parts, "ledger", None)  # swarm_node.ledger.PeerLedger: each group's fate by sender
     batch = PeerBatch()
     for group in groups:
         reason = _group_reason(parts, group)
@@ -269,6 +278,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             reason = DROP_REJECTED_BEFORE
         if reason is not None:
             drops[reason] += 1
+            if ledger is not None and reason != DROP_OWN_ECHO:  # this node is no peer of its own
+                ledger.record_group(group.sender, reason)
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
@@ -286,6 +297,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         batch.verify_seconds += verdict.seconds
         if verdict.rewards is None:
             drops[verdict.reason or VERIFY_BUDGET] += 1
+            if ledger is not None:
+                ledger.record_group(group.sender, verdict.reason or VERIFY_BUDGET)
             admission = getattr(parts.exchange, "admission", None)
             if verdict.blamed and admission is not None:
                 admission.record(group.sender, verdict.reason or VERIFIER_TIMEOUT)  # lowers its share
@@ -305,6 +318,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                     generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                     reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
+        if ledger is not None:
+            ledger.record_group(group.sender, None)
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
     return batch

@@ -1,7 +1,14 @@
 """Web dashboard: live per-node curves and a peer table, served from the swarm's status records."""
 
 from swarm_node.dashboard.server import DashboardServer, SwarmHistory
-from swarm_node.dashboard.sources import FakeStatusSource, Status, StatusLike, StatusSource, SyntheticStatusSource
+from swarm_node.dashboard.sources import (
+    FakeStatusSource,
+    LedgerSource,
+    Status,
+    StatusLike,
+    StatusSource,
+    SyntheticStatusSource,
+)
 
-__all__ = ["DashboardServer", "FakeStatusSource", "Status", "StatusLike", "StatusSource", "SwarmHistory",
-           "SyntheticStatusSource"]
+__all__ = ["DashboardServer", "FakeStatusSource", "LedgerSource", "Status", "StatusLike", "StatusSource",
+           "SwarmHistory", "SyntheticStatusSource"]

@@ -4,6 +4,7 @@
     GET /static/NAME   the page's script and stylesheet
     GET /api/peers     latest record per peer: {"peers": [...], "server_time", "last_error", "reads"}
     GET /api/history   per-peer series: {"series": {peer_id: {"model_id", "points": [{step, t, ...}]}}}
+    GET /api/ledger    peer ledgers of local node dirs: {"nodes": [{"node_dir", "peers": [row], "error"}]}
     GET /healthz       "ok"
 
 Stdlib only (ThreadingHTTPServer): the dashboard adds no server dependency. The status source is
@@ -26,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from swarm_node import metrics as m
-from swarm_node.dashboard.sources import StatusLike, StatusSource
+from swarm_node.dashboard.sources import LedgerSource, StatusLike, StatusSource
 from swarm_node.health import alone_warning
 
 logger = logging.getLogger(__name__)
@@ -107,13 +108,16 @@ class DashboardServer:
 
     Reading the source is the network boundary: a failed read is logged, reported as
     `last_error` in /api/peers, and retried at the next poll; everything else propagates.
+    `ledger_source`: the peer ledgers of local nodes shown in the peer-ledger table (none: hidden).
     """
 
     def __init__(self, status_source: StatusSource, host: str = "127.0.0.1", port: int = 8080,
-                 history: int = 2000, poll_interval_s: float = 2.0) -> None:
+                 history: int = 2000, poll_interval_s: float = 2.0,
+                 ledger_source: LedgerSource | None = None) -> None:
         if poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
         self.source = status_source
+        self.ledger_source = ledger_source
         self.history = SwarmHistory(history)
         self.poll_interval_s = poll_interval_s
         self.last_error: str | None = None
@@ -200,6 +204,10 @@ class DashboardServer:
     def api_history(self) -> dict[str, Any]:
         return {"series": self.history.series()}
 
+    def api_ledger(self) -> dict[str, Any]:
+        nodes = self.ledger_source.read() if self.ledger_source is not None else []
+        return {"nodes": nodes, "server_time": time.time()}
+
 
 def _make_handler(dash: DashboardServer) -> type[BaseHTTPRequestHandler]:
     static_files = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
@@ -217,6 +225,8 @@ def _make_handler(dash: DashboardServer) -> type[BaseHTTPRequestHandler]:
                 self._json(dash.api_peers())
             elif path == "/api/history":
                 self._json(dash.api_history())
+            elif path == "/api/ledger":
+                self._json(dash.api_ledger())
             elif path == "/healthz":
                 self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:

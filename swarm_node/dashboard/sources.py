@@ -4,6 +4,9 @@ The dashboard reads any `StatusSource`: an object whose `read()` returns the swa
 status records. In production that is the swarm exchange (NodeStatus records from the DHT); in
 tests it is `FakeStatusSource` (fixed records) or `SyntheticStatusSource` (a fake swarm that
 advances one step per read, with plausible curves).
+
+The peer table comes from a `LedgerSource`: the peer ledgers (`swarm_node.ledger`) of node
+directories on the dashboard's machine, read from their files at each request.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import random
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 from swarm_node import metrics as m
+from swarm_node.ledger import FILE_NAME as LEDGER_FILE
+from swarm_node.ledger import load_rows
 
 
 @runtime_checkable
@@ -66,6 +72,30 @@ class FakeStatusSource:
             if self.error is not None:
                 raise self.error
             return list(self._statuses)
+
+
+class LedgerSource:
+    """The peer ledgers of local node directories: per directory its rows (`ledger.row`), most
+    samples first, at most `max_rows` of them, or an `error` line when the file is missing or
+    damaged (a reader never moves a node's file; the node sets a damaged one aside itself)."""
+
+    def __init__(self, node_dirs: Sequence[Path | str], max_rows: int = 100) -> None:
+        self.node_dirs = [Path(d) for d in node_dirs]
+        self.max_rows = max_rows
+
+    def read(self) -> list[dict[str, Any]]:
+        out = []
+        for d in self.node_dirs:
+            node: dict[str, Any] = {"node_dir": str(d), "peers": [], "error": None}
+            try:
+                rows = load_rows(d / LEDGER_FILE)
+                node["peers"], node["total_peers"] = rows[: self.max_rows], len(rows)
+            except FileNotFoundError:
+                node["error"] = f"no {LEDGER_FILE} yet (written at checkpoints)"
+            except (OSError, UnicodeDecodeError, ValueError) as e:  # a file another process writes
+                node["error"] = f"unreadable {LEDGER_FILE}: {e}"
+            out.append(node)
+        return out
 
 
 class SyntheticStatusSource:

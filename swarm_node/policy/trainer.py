@@ -21,7 +21,9 @@
      so weights and KL are those of the policy; a model with dropout (e.g. `lora.dropout > 0`)
      keeps it for the gradient pass and gets pi_theta_old from an extra no-grad eval pass;
      peer samples left out in step 2 get a no-grad pass too (`_diagnose`), so the KL and weight
-     statistics cover every peer sample;
+     statistics cover every peer sample; after the step, `peer_sample_stats` holds per peer
+     sample its sender, reward, KL, mean importance weight, and whether it was filtered or
+     carried gradient (the node's peer ledger attributes them per sender);
   4. advances the learning-rate schedule (constant / linear / cosine after linear warmup); the
      schedule is a pure function of `step_count`, which is all its state.
 Temperature: every sample, own or peer, is scored at this node's own sampling temperature. That is
@@ -56,6 +58,7 @@ import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig, TrainConfig
+from swarm_node.ledger import SampleStat
 from swarm_node.objective import (
     ObjectiveInputs,
     ObjectiveStats,
@@ -113,6 +116,7 @@ class _Batch:
     is_peer: Tensor  # [B] bool
     micro_batches: list[list[int]]  # samples to score: one prompt per micro-batch, longest first
     unscored: ObjectiveStats  # the samples left out (they carry no gradient)
+    stats_order: list[int]  # the sample of each per-sample statistic of an epoch's stats, in order
 
 
 class Trainer:
@@ -133,6 +137,7 @@ class Trainer:
                                            weight_decay=train_cfg.weight_decay)
         self.step_count = 0
         self.poisoned: list[TrainSample] = []  # peer samples blamed for the last step's non-finite numerics
+        self.peer_sample_stats: list[SampleStat] = []  # per peer sample trained on in the last step
         self.dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in policy.model.modules())
 
     @property
@@ -147,13 +152,14 @@ class Trainer:
         lr = self.lr
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        self.poisoned = []
+        self.poisoned, self.peer_sample_stats = [], []
         dropped: list[TrainSample] = []
         model = self.policy.model
         was_training = model.training
         try:
             try:
                 stats, first, optimizer_steps, batch = self._epochs(samples, 0)
+                self.peer_sample_stats = self._peer_sample_stats(samples, batch, stats)
             except _NonFinite as bad:
                 dropped, self.poisoned = self._blame(samples, bad)
                 own = [s for s in samples if not s.is_peer]
@@ -236,6 +242,8 @@ class Trainer:
                      and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
         rest = sorted(set(range(len(samples))) - set(scored) - set(diagnosed))
         left_out = torch.tensor(rest, dtype=torch.long, device=device)
+        diagnosed_mbs = _micro_batches(samples, diagnosed, self.cfg.micro_batch_size)
+        scored_mbs = _micro_batches(samples, scored, self.cfg.micro_batch_size)
         batch = _Batch(
             prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
             completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
@@ -246,11 +254,21 @@ class Trainer:
             advantages=advantages,
             weights=sample_weights(group_ids, lengths, ocfg.normalization),
             is_peer=is_peer,
-            micro_batches=_micro_batches(samples, scored, self.cfg.micro_batch_size),
+            micro_batches=scored_mbs,
             unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
+            stats_order=[i for mb in (*diagnosed_mbs, *scored_mbs) for i in mb],
         )
-        batch.unscored.merge(self._diagnose(batch, _micro_batches(samples, diagnosed, self.cfg.micro_batch_size)))
+        batch.unscored.merge(self._diagnose(batch, diagnosed_mbs))
         return batch
+
+    @staticmethod
+    def _peer_sample_stats(samples: Sequence[TrainSample], batch: _Batch, stats: ObjectiveStats) -> list[SampleStat]:
+        """Per peer sample of the step: what the objective measured of it (an epoch's `stats` follow
+        `batch.stats_order`). A peer sample left unscored (no tokens: the protocol refuses non-finite
+        logprobs) has no KL or weight and carries no gradient."""
+        measured = dict(zip(batch.stats_order, stats.per_sample(), strict=True))
+        return [SampleStat(s.source, float(s.reward), *measured.get(i, (None, None, False, False)))
+                for i, s in enumerate(samples) if s.is_peer]
 
     @torch.no_grad()
     def _diagnose(self, batch: _Batch, micro_batches: list[list[int]]) -> ObjectiveStats:

@@ -19,7 +19,7 @@ Left to the node (it holds the state): the prompt reference against its own prom
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
 `group_filter` hook lets the caller add checks that return a drop reason. An `Admission`
 (admission.py) adds the bounded-influence rules; a gather that drops far more than it takes is
-logged (at most once a minute) as degraded exchange.
+logged (at most once a minute) as degraded exchange; a `ledger` (`ledger.PeerLedger`) gets each drop.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from protocol import codec, keys
 from protocol.messages import IndexEntry, NodeStatus, ProtocolError, RolloutGroup, RolloutIndex
@@ -95,6 +96,7 @@ class RolloutExchange:
         index_peers_per_shard: int = 16,
         index_shards_per_read: int = 1,
         temperature_range: tuple[float, float] = (MIN_TEMPERATURE, MAX_TEMPERATURE),
+        ledger: Any | None = None,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
@@ -104,6 +106,7 @@ class RolloutExchange:
         self.group_filter = group_filter
         self.store_timeout = store_timeout
         self.admission = admission
+        self.ledger = ledger
         self.limits = ValidationLimits(
             vocab_size=vocab_size, max_tokens_per_completion=max_new_tokens, max_group_size=max_group_size,
             min_group_size=min_group_size, expected_swarm_id=swarm_id,
@@ -219,10 +222,12 @@ class RolloutExchange:
         self._degraded.check(len(groups), drops)
         return groups, drops
 
-    def _drop(self, drops: DropCounter, reason: str, owner: str) -> None:
+    def _drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True) -> None:
         drops.add(reason)
-        if self.admission is not None:
+        if verdict and self.admission is not None:
             self.admission.record(owner, reason)
+        if self.ledger is not None:
+            self.ledger.record_group(owner, reason)
 
     def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
                     exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
@@ -239,8 +244,8 @@ class RolloutExchange:
                 if exclude_self and owner == self.transport.peer_id:
                     continue
                 refused = self.admission.peer_reason(owner) if self.admission is not None else None
-                if refused is not None:
-                    drops.add(refused)
+                if refused is not None:  # this node's own rule: no verdict on the peer's data
+                    self._drop(drops, refused, owner, verdict=False)
                     continue
                 for c in self._index_candidates(owner, read, item.value, current, staleness, drops, evaluated):
                     candidates[(owner, tuple(c.entry.chunk_digests))] = c

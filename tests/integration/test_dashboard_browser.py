@@ -56,8 +56,9 @@ def _chart_state(drv) -> dict[str, dict[str, int]]:
 
 
 def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, min_points: int = 3,
-                               timeout_s: float = 60.0) -> dict[str, dict[str, int]]:
-    """Drive Chromium to `url`; return the final chart state once every chart shows every peer."""
+                               timeout_s: float = 60.0, ledger_peers: list[str] = ()) -> dict[str, dict[str, int]]:
+    """Drive Chromium to `url`; return the final chart state once every chart shows every peer (and
+    the peer-ledger table lists `ledger_peers`, in order, when given)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -78,14 +79,18 @@ def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, 
             state = _chart_state(drv)
             rows = drv.execute_script(
                 "return [...document.querySelectorAll('#peers tbody tr')].map(r => r.dataset.peer);")
+            ledger_rows = drv.execute_script(
+                "return [...document.querySelectorAll('#ledger-nodes tbody tr')].map(r => r.dataset.peer);")
             ready = (set(state) == set(CHART_IDS) and sorted(rows) == sorted(peer_ids)
-                     and all(state[c].get(p, 0) >= min_points for c in CHART_IDS for p in peer_ids))
+                     and all(state[c].get(p, 0) >= min_points for c in CHART_IDS for p in peer_ids)
+                     and ledger_rows == list(ledger_peers))
             if ready or time.monotonic() > deadline:
                 break
             time.sleep(0.25)
         drv.save_screenshot(str(screenshot))
         severe = [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
-        assert ready, f"dashboard never showed every peer in every chart: charts={state} table={rows}"
+        assert ready, (f"dashboard never showed every peer in every chart: charts={state} table={rows} "
+                       f"ledger={ledger_rows}")
         assert not severe, f"browser console errors: {severe}"
         return state
     finally:
@@ -105,3 +110,26 @@ def test_dashboard_draws_every_chart_and_lists_every_peer():
         dash.check()
     assert shot.stat().st_size > 10_000
     assert all(len(state[c]) == 3 for c in CHART_IDS)
+
+
+@pytest.mark.skipif(chromium_paths() is None,
+                    reason="needs Debian chromium + chromium-driver (apt-get install -y chromium chromium-driver)")
+def test_dashboard_shows_the_peer_ledger_of_a_local_node(tmp_path):
+    pytest.importorskip("selenium", reason="needs selenium (pip install selenium)")
+    from swarm_node.dashboard import LedgerSource
+    from swarm_node.ledger import FILE_NAME, PeerLedger, SampleStat
+
+    ledger = PeerLedger(tmp_path / "node" / FILE_NAME)
+    for i, peer in enumerate(["12D3KooWLedgerPeerOne", "12D3KooWLedgerPeerTwo"]):
+        ledger.record_group(peer, None)
+        ledger.record_group(peer, "stale")
+        ledger.record_samples([SampleStat(peer, 1.0, 0.2, 1.0, False, True)] * (2 - i))
+    ledger.save()
+    src = SyntheticStatusSource(n_peers=1, seed=3)
+    with DashboardServer(src, host="127.0.0.1", port=0, poll_interval_s=0.2,
+                         ledger_source=LedgerSource([tmp_path / "node"])) as dash:
+        peer_ids = [p.peer_id for p in src.read()]
+        shot = artifacts_dir() / "dashboard_ledger.png"
+        check_dashboard_in_browser(dash.url + "?poll_ms=500", peer_ids, shot,
+                                   ledger_peers=["12D3KooWLedgerPeerOne", "12D3KooWLedgerPeerTwo"])
+        dash.check()

@@ -1,5 +1,6 @@
 """`swarm-node local` with tiny models, observed the way a researcher would: the dashboard in a real
-headless Chromium, `swarm-node status --json`, Ctrl-C, then `swarm-node report` on the run."""
+headless Chromium, `swarm-node status --json`, Ctrl-C, each node's peer ledger (`status --peers`),
+then `swarm-node report` on the run."""
 
 from __future__ import annotations
 
@@ -79,6 +80,13 @@ def test_local_swarm_status_dashboard_and_report(tmp_path):
     assert rc == 130, out.read_text(errors="replace")[-3000:]
     for name in ("node0-full", "node1-lora"):
         assert (run_dir / name / "checkpoints" / "latest").exists()
+    # Each node's peer ledger (written at its last checkpoint) lists the other, with samples it took.
+    for name, other in (("node0-full", peer_ids[1]), ("node1-lora", peer_ids[0])):
+        res = subprocess.run(cli("status", "--peers", "--node-dir", str(run_dir / name), "--json"),
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        ledger = {r["peer_id"]: r for r in json.loads(res.stdout)}
+        assert set(ledger) == {other} and ledger[other]["taken"] >= 1 and ledger[other]["samples"] >= 1, ledger
     report = subprocess.run(cli("report", str(run_dir)), capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
     summary = (run_dir / "report" / "summary.md").read_text()

@@ -1,6 +1,7 @@
 """`swarm-node join` processes on loopback: kill -9 one mid-run, the other keeps training; the killed
-node restarts from its node directory as the same peer and continues its step counter; SIGTERM
-makes a node checkpoint and leave within a bound (exit 143)."""
+node restarts from its node directory as the same peer and continues its step counter, with the
+peer ledger (counts and reputation) of its last checkpoint; SIGTERM makes a node checkpoint and
+leave within a bound (exit 143)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 
 from swarm_node.assemble import start_transport
 from swarm_node.config import SwarmConfig
+from swarm_node.ledger import FILE_NAME as LEDGER_FILE
+from swarm_node.ledger import load_rows
 from tests.procs import jsonl_rows, tiny_toml, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -69,6 +72,10 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         checkpoint_step = int(latest.split("-")[-1])
         assert checkpoint_step >= 3
         before_restart = steps(dirs[0])
+        # The ledger written with the last checkpoint (or later, every metrics.ledger_every_steps).
+        other = peer_id_in(logs[1])[0]
+        saved = {r["peer_id"]: r for r in load_rows(dirs[0] / LEDGER_FILE)}
+        assert other in saved and saved[other]["offered"] >= 1, saved
         procs[0] = start(cfgs[0], logs[0])
         wait_until(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
         ids = peer_id_in(logs[0])
@@ -86,6 +93,11 @@ def test_kill_and_resume_as_same_peer(tmp_path):
             assert p.wait(timeout=90) == 143
         final = int((dirs[1] / "checkpoints" / "latest").read_text().strip().split("-")[-1])
         assert final == steps(dirs[1])[-1]
+        # The restarted node went on counting from the saved ledger (its shutdown wrote it again).
+        after = {r["peer_id"]: r for r in load_rows(dirs[0] / LEDGER_FILE)}[other]
+        assert after["first_seen"] == saved[other]["first_seen"]
+        assert after["offered"] >= saved[other]["offered"] and after["taken"] >= saved[other]["taken"]
+        assert after["reputation"]["good"] + after["reputation"]["faults"] > 0
     finally:
         for p in procs:
             if p.poll() is None:

@@ -99,6 +99,51 @@ function drawTable(peers, serverTime) {
   }
 }
 
+const LEDGER_COLUMNS = ["peer", "taken / offered", "dropped (top reason)", "samples", "gradient", "filtered",
+  "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation", "last seen"];
+
+function ledgerCells(r, serverTime) {
+  const reasons = Object.entries(r.dropped_by_reason).sort((a, b) => b[1] - a[1]);
+  const has = (s) => s.count > 0;
+  return [
+    shortId(r.peer_id), `${r.taken} / ${r.offered}`, reasons.length ? `${r.dropped} (${reasons[0][0]})` : String(r.dropped),
+    r.samples, r.samples ? fmt(r.gradient_share, 2) : "–", r.samples ? fmt(r.filtered_share, 2) : "–",
+    has(r.kl) ? fmt(r.kl.mean) : "–", has(r.kl) ? fmt(r.kl.p90) : "–",
+    has(r.is_weight) ? fmt(r.is_weight.mean) : "–", has(r.is_weight) ? fmt(r.is_weight.p90) : "–",
+    has(r.reward) ? fmt(r.reward.mean) : "–", r.reputation.excluded ? "excluded" : fmt(r.reputation.weight, 2),
+    `${Math.max(0, serverTime - r.last_seen).toFixed(0)} s ago`,
+  ];
+}
+
+function drawLedger(ledger) {
+  const section = document.getElementById("ledger");
+  section.hidden = ledger.nodes.length === 0;
+  const holder = document.getElementById("ledger-nodes");
+  holder.replaceChildren();
+  for (const node of ledger.nodes) {
+    const h = document.createElement("h3");
+    h.textContent = node.error ? `${node.node_dir}: ${node.error}` : `${node.node_dir}: ${node.total_peers} peers`;
+    holder.appendChild(h);
+    if (node.error) continue;
+    const table = document.createElement("table");
+    table.className = "ledger";
+    const head = table.createTHead().insertRow();
+    for (const c of LEDGER_COLUMNS) { const th = document.createElement("th"); th.textContent = c; head.appendChild(th); }
+    const body = table.createTBody();
+    for (const r of node.peers) {
+      const tr = body.insertRow();
+      tr.dataset.peer = r.peer_id;
+      if (r.reputation.excluded) tr.className = "warn";
+      ledgerCells(r, ledger.server_time).forEach((text, i) => {
+        const td = tr.insertCell();
+        if (i === 0) { td.className = "peer"; td.title = r.peer_id; }
+        td.textContent = String(text);
+      });
+    }
+    holder.appendChild(table);
+  }
+}
+
 async function getJson(path) {
   const r = await fetch(path, { cache: "no-store" });
   if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
@@ -108,9 +153,11 @@ async function getJson(path) {
 async function refresh() {
   const status = document.getElementById("status");
   try {
-    const [peers, history] = await Promise.all([getJson("/api/peers"), getJson("/api/history")]);
+    const [peers, history, ledger] = await Promise.all([getJson("/api/peers"), getJson("/api/history"),
+      getJson("/api/ledger")]);
     drawTable(peers.peers, peers.server_time);
     drawCharts(history.series);
+    drawLedger(ledger);
     const when = new Date().toLocaleTimeString();
     status.className = peers.last_error ? "error" : "muted";
     status.textContent = `${peers.peers.length} peers · updated ${when}` +
