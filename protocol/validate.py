@@ -131,6 +131,9 @@ class ValidationLimits:
     min_temperature: float = MIN_TEMPERATURE  # declared sampling temperatures outside [min, max]
     max_temperature: float = MAX_TEMPERATURE  # are `unsupported_temperature`
     max_text_bytes_per_token: int = MAX_TEXT_BYTES_PER_TOKEN  # a completion's text: at most this x its tokens
+    # Another tokenizer's group is taken when every completion carries its text (the receiver
+    # re-tokenizes it; its token ids are then the sender's, not checked against `vocab_size`).
+    cross_tokenizer: bool = False
 
 
 def _add(reasons: list[str], reason: str) -> None:
@@ -150,7 +153,8 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     if limits.expected_swarm_id is not None and group.swarm_id != limits.expected_swarm_id:
         _add(reasons, WRONG_SWARM)
     fp = limits.expected_tokenizer_fingerprint
-    if fp is not None and group.tokenizer_fingerprint != fp:
+    foreign = fp is not None and group.tokenizer_fingerprint != fp
+    if foreign and not (limits.cross_tokenizer and group.completions and all(c.has_text for c in group.completions)):
         _add(reasons, TOKENIZER_MISMATCH)
     if not _finite(group.created_at) or group.created_at < 0:
         _add(reasons, BAD_TIMESTAMP)
@@ -180,7 +184,7 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     if isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1:
         max_tokens = min(max_tokens, s.max_new_tokens)
     for c in group.completions:
-        _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits, reasons)
+        _check_completion(c.token_ids, c.logprobs, c.finish_reason, max_tokens, limits, reasons, foreign)
     texts = [c.has_text for c in group.completions]
     if any(texts) and not all(texts):
         _add(reasons, TEXT_PARTIAL)  # groups are whole: a receiver that needs text could use only part
@@ -210,7 +214,7 @@ def text_reasons(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: Vali
 
 def _check_completion(
     token_ids: np.ndarray, logprobs: np.ndarray, finish_reason: str, max_tokens: int, limits: ValidationLimits,
-    reasons: list[str],
+    reasons: list[str], foreign: bool = False,
 ) -> None:
     vocab_size = limits.vocab_size
     n_tok, n_lp = int(token_ids.shape[0]), int(logprobs.shape[0])
@@ -220,7 +224,7 @@ def _check_completion(
         _add(reasons, LENGTH_MISMATCH)
     if max(n_tok, n_lp) > max_tokens:
         _add(reasons, TOO_MANY_TOKENS)
-    if n_tok and int(token_ids.max()) >= vocab_size:
+    if n_tok and not foreign and int(token_ids.max()) >= vocab_size:
         _add(reasons, TOKEN_OUT_OF_VOCAB)
     if n_lp:
         finite = np.isfinite(logprobs)

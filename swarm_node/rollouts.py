@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -36,10 +37,14 @@ from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParam
 from swarm_node.crosstok_receive import receive_group, train_samples
 from swarm_node.policy.pieces import completion_text
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
+from swarm_node.swarm.admission import OVER_TOKEN_BUDGET
 from swarm_node.tasks.base import Problem
 from swarm_node.tasks.verify import VERIFIER_TIMEOUT, VERIFY_BUDGET, PeerVerifier
 
 DROP_TOKENIZER = "tokenizer_mismatch"
+# Another tokenizer's completion may be at most this many times this node's max_new_tokens in own
+# tokens (a byte-level receiver of a BPE sender needs about 4x; more is a degenerate text).
+CROSSTOK_MAX_TOKENS_FACTOR = 6
 DROP_UNKNOWN_PROMPT = "unknown_prompt"
 DROP_WRONG_SWARM = "wrong_swarm"
 DROP_OVER_CAP = "over_peer_cap"
@@ -283,11 +288,10 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
-            with _TOKENIZER_LOCK:
-                received = receive_group(parts.policy.tokenizer, parts.policy.stop_token_ids[0], group.completions)
-            batch.crosstok_tokens += received.own_tokens
-            if received.reason is not None:
-                drops[received.reason] += 1
+            received, reason = _receive_foreign(parts, group, verifier)
+            batch.crosstok_tokens += received.own_tokens if received is not None else 0
+            if reason is not None:
+                drops[reason] += 1
                 continue
             texts = [c.text for c in group.completions]
         else:
@@ -336,14 +340,30 @@ def _group_reason(parts: Any, group: RolloutGroup) -> str | None:
     return None
 
 
+def _receive_foreign(parts: Any, group: RolloutGroup, verifier: PeerVerifier) -> tuple[Any, str | None]:
+    """Another tokenizer's group in this node's tokens, within the step's peer budgets: its
+    conversion time counts in the verification budget (`verifier`), its own tokens beyond the
+    sender's (a finer tokenizer) in the admission's token budget, and no completion may exceed
+    `CROSSTOK_MAX_TOKENS_FACTOR` x this node's `generation.max_new_tokens` own tokens."""
+    if verifier.left(group.sender) <= 0:
+        return None, VERIFY_BUDGET
+    cap = CROSSTOK_MAX_TOKENS_FACTOR * parts.config.generation.max_new_tokens
+    start = time.monotonic()
+    with _TOKENIZER_LOCK:
+        received = receive_group(parts.policy.tokenizer, parts.policy.stop_token_ids[0], group.completions,
+                                 max_own_tokens=cap)
+    verifier.charge(group.sender, time.monotonic() - start)
+    if received.reason is not None:
+        return received, received.reason
+    admission = getattr(parts.exchange, "admission", None)
+    extra = received.own_tokens - group.num_tokens
+    if extra > 0 and admission is not None and not admission.charge_tokens(extra):
+        return received, OVER_TOKEN_BUDGET
+    return received, None
+
+
 def _cross_tokenizer(parts: Any, group: RolloutGroup) -> bool:
     """Whether a group from another tokenizer can be taken: `swarm.cross_tokenizer` is on and every
     completion carries its text's piece byte lengths, one per token (a sender that does not send
     its texts sends none)."""
-    if not getattr(parts.config.swarm, "cross_tokenizer", True):
-        return False
-    for c in group.completions:
-        pieces = getattr(c, "piece_bytes", None)
-        if pieces is None or len(pieces) != len(c.token_ids) or not isinstance(getattr(c, "text", None), str):
-            return False
-    return True
+    return parts.config.swarm.cross_tokenizer and all(c.has_text for c in group.completions)

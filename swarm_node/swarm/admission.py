@@ -196,6 +196,14 @@ class Admission:
         """Feed the reputation: an accepted group (None) or a drop attributed to `owner`."""
         self.reputation.record(owner, reason)
 
+    def charge_tokens(self, n: int) -> bool:
+        """Charge `n` more tokens of this gather's budget (another tokenizer's group re-tokenized
+        into more tokens than it was admitted with); False, charging nothing, when they do not fit."""
+        if n > self._tokens_left:
+            return False
+        self._tokens_left -= n
+        return True
+
     # ---- per group -------------------------------------------------------------------------
 
     def group_reason(self, group: RolloutGroup, window: int) -> str | None:

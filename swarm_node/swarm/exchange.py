@@ -97,6 +97,7 @@ class RolloutExchange:
         index_shards_per_read: int = 1,
         temperature_range: tuple[float, float] = (MIN_TEMPERATURE, MAX_TEMPERATURE),
         ledger: Any | None = None,
+        cross_tokenizer: bool = False,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
@@ -112,7 +113,7 @@ class RolloutExchange:
             min_group_size=min_group_size, expected_swarm_id=swarm_id,
             expected_tokenizer_fingerprint=tokenizer_fingerprint,
             min_temperature=temperature_range[0], max_temperature=temperature_range[1],
-        )
+            cross_tokenizer=cross_tokenizer)
         self._degraded = DegradedExchangeLog()
         self.tokenizers = TokenizerCensus(tokenizer_fingerprint or "", record_ttl_s)  # swarm.send_text = auto
         self.codec_limits = codec.Limits(max_encoded_bytes=max_group_bytes)

@@ -67,6 +67,11 @@ class PeerVerifier:
         """Seconds of verification left for `sender` in this gather."""
         return min(self.step_budget_s - self.spent, self.peer_budget_s - self.spent_by_peer.get(sender, 0.0))
 
+    def charge(self, sender: str, seconds: float) -> None:
+        """Count other peer work of `sender` (re-tokenizing its texts) in both budgets."""
+        self.spent += seconds
+        self.spent_by_peer[sender] = self.spent_by_peer.get(sender, 0.0) + seconds
+
     def group_rewards(self, texts: Sequence[str], problem: Problem, sender: str) -> GroupVerdict:
         """Rewards of one peer group's completion texts, or the reason it is dropped whole."""
         score = getattr(self.reward_fn, "score", None)

@@ -4,7 +4,6 @@ samples in this node's tokens with chunk ids, rewards from the texts; drops coun
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,16 +20,10 @@ from tests.fakes import hash_reward
 from tests.unit.test_node_loop import make_node
 
 
-@dataclass
-class TextCompletion:
+def TextCompletion(token_ids, logprobs, finish_reason, claimed_reward, text, piece_bytes) -> Completion:  # noqa: N802
     """A wire completion with the text fields a cross-tokenizer sender adds."""
-
-    token_ids: np.ndarray
-    logprobs: np.ndarray
-    finish_reason: str
-    claimed_reward: float
-    text: str
-    piece_bytes: np.ndarray
+    return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish_reason,
+                      claimed_reward=claimed_reward, text=text, piece_bytes=piece_bytes)
 
 
 SENDER = tiny.build_tiny_tokenizer("a")
@@ -101,3 +94,38 @@ def test_cross_tokenizer_switch_off_drops_foreign_groups(parts: Any) -> None:
     drops: Counter[str] = Counter()
     batch = rollouts.peer_samples(off, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
     assert batch.samples == [] and drops == Counter({rollouts.DROP_TOKENIZER: 1})
+
+
+def coarse(text: str) -> Completion:
+    """A sender whose tokenizer made the whole text one token (then eos): any receiver needs more."""
+    return TextCompletion(np.array([70_000, 70_001], np.uint32), np.array([-1.0, -0.5], np.float32), "stop", 0.0,
+                          text, np.array([len(text.encode()), 0], np.uint16))
+
+
+def test_conversion_counts_in_the_peer_budgets(parts: Any) -> None:
+    """Own tokens beyond the sender's are charged to the gather's token budget, and the conversion's
+    time to the verification budget: a group that does not fit is dropped by the budget's reason."""
+    from swarm_node.swarm.admission import OVER_TOKEN_BUDGET, Admission
+    from swarm_node.tasks.verify import VERIFY_BUDGET
+
+    g = group(parts, [coarse(t) for t in TEXTS])
+    charged: list[int] = []
+    admission = Admission(max_tokens_per_gather=10)
+    admission.begin_gather()
+    original = admission.charge_tokens
+    admission.charge_tokens = lambda n: charged.append(n) or original(n)  # type: ignore[method-assign]
+    tight = SimpleNamespace(**{**vars(parts), "exchange": SimpleNamespace(admission=admission)})
+    drops: Counter[str] = Counter()
+    batch = rollouts.peer_samples(tight, [g], 4, drops, step=0)
+    assert batch.samples == [] and drops == Counter({OVER_TOKEN_BUDGET: 1})
+    assert charged == [batch.crosstok_tokens - g.num_tokens] and charged[0] > 10
+    roomy = Admission(max_tokens_per_gather=10_000)
+    roomy.begin_gather()
+    ok = SimpleNamespace(**{**vars(parts), "exchange": SimpleNamespace(admission=roomy)})
+    drops = Counter()
+    assert len(rollouts.peer_samples(ok, [g], 4, drops, step=0).samples) == 4 and not drops
+    spent = rollouts.peer_verifier(parts)
+    spent.spent = spent.step_budget_s  # this gather's verification time is used up
+    drops = Counter()
+    assert rollouts.peer_samples(parts, [g], 4, drops, step=0, verifier=spent).samples == []
+    assert drops == Counter({VERIFY_BUDGET: 1})

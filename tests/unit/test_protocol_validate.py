@@ -180,3 +180,13 @@ def test_reason_names_are_unique_short_identifiers() -> None:
     assert all(n.isidentifier() and n.islower() and len(n) <= 24 for n in names)
     constants = {val for key, val in vars(v).items() if key.isupper() and isinstance(val, str)}
     assert names == constants
+
+
+def test_another_tokenizer_is_taken_only_with_text_and_without_the_vocab_bound() -> None:
+    cross = dataclasses.replace(LIMITS, expected_tokenizer_fingerprint="mine", cross_tokenizer=True, vocab_size=3)
+    with_text = group(tokenizer_fingerprint="theirs", completions=texted())
+    assert reasons(with_text, cross) == []  # its token ids (up to 3) are the sender's: no vocab bound
+    assert reasons(group(tokenizer_fingerprint="theirs"), cross) == [v.TOKENIZER_MISMATCH]  # no text
+    assert reasons(with_text, dataclasses.replace(cross, cross_tokenizer=False)) == [v.TOKENIZER_MISMATCH]
+    own = group(tokenizer_fingerprint="mine", completions=texted())
+    assert reasons(own, cross) == [v.TOKEN_OUT_OF_VOCAB]  # the receiver's own tokens keep the bound
