@@ -35,3 +35,24 @@ def dht_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[.
     yield make
     for t in made:
         t.shutdown()
+
+
+# A short supervised warm-up (swarm_node.experiment.warmup) turns a tiny random model into one that
+# writes arithmetic answers in its format: its completions are valid text that sometimes earns
+# reward, so nodes on it train (non-zero reward and gradient) and can send their completions'
+# text to peers of another tokenizer. About 8 s per model on one core; cached for the session.
+WARM_STEPS = 120
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """`warm(base) -> directory` of `base` (a tiny-random spec) after WARM_STEPS warm-up steps on
+    level-1 addition and subtraction; `model.name` accepts the directory."""
+    from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model
+
+    cache = tmp_path_factory.mktemp("warm")
+
+    def warm(base: str) -> Path:
+        return ensure_warm_model(WarmupSpec(base=base, levels=(1,), steps=WARM_STEPS), cache, log=lambda m: None)
+
+    return warm
