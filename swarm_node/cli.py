@@ -210,9 +210,13 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
     from swarm_node.errors import InputError
 
     _setup_logging(verbose)
+    from swarm_node.swarm import light
+
     try:
         if not initial_peer:
             raise InputError("status needs --initial-peer", "pass the multiaddr of any node of the swarm (-p ...)")
+        if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/light.py)
+            light.load_light_hivemind()
         from swarm_node import preflight
         from swarm_node.observe import run_status
 
@@ -224,6 +228,8 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
             print(json.dumps({"error": typed.line() if typed else f"{type(e).__name__}: {e}",
                               "exit_code": typed.exit_code if typed else 1}), flush=True)
         raise
+    finally:
+        light.unload_light_hivemind()
     # The client has shut down its DHT process; skip the interpreter's teardown of torch and
     # hivemind (seconds on a busy machine) so a one-shot `status` returns at once.
     from swarm_node import lifecycle

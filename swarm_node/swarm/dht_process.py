@@ -18,9 +18,7 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import signal
 import threading
 from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -30,13 +28,13 @@ import base58
 import hivemind
 from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
-from hivemind.utils.multiaddr import exceptions as maddr_errors
+
+from swarm_node.lifecycle import daemons_die_with_this_process
+from swarm_node.swarm.addresses import check_initial_peers
+from swarm_node.swarm.transport import SwarmConnectError
 
 __all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "redial_in_dht",
            "store_many_in_dht"]
-
-_PR_SET_PDEATHSIG = 1
-
 
 class _BlockingRecvPipe:
     """A multiprocessing Connection whose recv() first puts the descriptor back in blocking mode."""
@@ -79,23 +77,6 @@ def _lazy_peer_id_base58() -> None:
     PeerID.to_base58 = to_base58
 
 
-def _daemons_die_with_this_process() -> None:
-    """Every subprocess this process starts through asyncio (hivemind's p2pd) gets SIGKILL from the
-    kernel when this process dies (prctl PR_SET_PDEATHSIG, set between fork and exec)."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-    original = asyncio.subprocess.create_subprocess_exec
-
-    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("preexec_fn", die_with_parent)
-        return await original(*args, **kwargs)
-
-    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
-
-
 class PipeFixedDHT(hivemind.DHT):
     """hivemind.DHT with the large-message pipe fix, a parent-death watchdog and lazy peer-id
     encoding (see module doc)."""
@@ -105,7 +86,7 @@ class PipeFixedDHT(hivemind.DHT):
 
     def run(self) -> None:
         _lazy_peer_id_base58()
-        _daemons_die_with_this_process()
+        daemons_die_with_this_process()
         if self.storage_caps is not None:
             from swarm_node.swarm.validators import CappedStorage
 
@@ -123,19 +104,6 @@ class PipeFixedDHT(hivemind.DHT):
                 self._outer_pipe.send(("_shutdown", [], {}))
                 stop.wait(self.shutdown_timeout + 2)
                 os._exit(0)
-
-
-def check_initial_peers(initial_peers: Sequence[str]) -> list[str]:
-    """Each initial peer must be a full multiaddr ending in /p2p/<peer id>; raise ValueError otherwise."""
-    out = []
-    for addr in initial_peers:
-        try:
-            maddr = Multiaddr(addr)
-            maddr["p2p"]
-        except (maddr_errors.Error, ValueError, TypeError) as e:
-            raise ValueError(f"initial peer {addr!r} is not a multiaddr with /p2p/<peer id>: {e}") from e
-        out.append(str(maddr))
-    return out
 
 
 async def get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, timeout: float) -> dict[str, Any]:
@@ -210,10 +178,6 @@ async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]]
         except asyncio.TimeoutError:
             pass
     return answered
-
-
-class SwarmConnectError(RuntimeError):
-    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
 
 
 def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,

@@ -40,6 +40,10 @@ MISSING = "missing"
 BAD_DIGEST = "bad_digest"
 
 
+class SwarmConnectError(RuntimeError):
+    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
+
+
 class DropCounter(Counter):
     """Counts of dropped peer data by reason (`reason -> count`). Merge with `+=` or `update`."""
 
