@@ -33,7 +33,7 @@ from swarm_node.lifecycle import daemons_die_with_this_process
 from swarm_node.swarm.addresses import check_initial_peers
 from swarm_node.swarm.transport import SwarmConnectError
 
-__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "redial_in_dht",
+__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "ping_clocks_in_dht", "redial_in_dht",
            "store_many_in_dht"]
 
 class _BlockingRecvPipe:
@@ -148,6 +148,35 @@ async def health_in_dht(_dht: Any, node: Any) -> dict[str, Any]:
             "peers": peers, "stored_keys": len(node.protocol.storage)}
 
 
+async def ping_clocks_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]],
+                             timeout: float) -> list[tuple[str, float, float, float]]:
+    """Runs in the DHT process: connect to and ping each (peer id, multiaddrs); per answer (peer id,
+    sent, the peer's DHT time, received) in this process's DHT time (hivemind's ping carries it)."""
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.timed_storage import get_dht_time
+
+    async def one(peer_b58: str, addrs: list[str]) -> tuple[str, float, float, float] | None:
+        peer = PeerID.from_base58(peer_b58)
+        if peer == node.peer_id:
+            return None
+        if addrs:
+            try:
+                await node.p2p._client.connect(peer, [Multiaddr(a) for a in addrs])
+            except Exception:  # network boundary: the daemon may still reach it through its peerstore
+                pass
+        request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=False)
+        sent = get_dht_time()
+        response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout)
+        received = get_dht_time()
+        return (peer_b58, sent, float(response.dht_time), received) if response.dht_time else None
+
+    tasks = [asyncio.create_task(one(p, a)) for p, a in peers]
+    done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    return [t.result() for t in done if not t.cancelled() and t.exception() is None and t.result() is not None]
+
+
 async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]], timeout: float) -> int:
     """Runs in the DHT process: connect to each (peer id, multiaddrs), ping it into the routing table,
     forget its blacklist entry, then look up our own id to refill the table. Returns peers that answered."""
@@ -196,6 +225,13 @@ def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
             errors.append(f"attempt {attempt}: no answer within {timeout:.0f}s")
         except (P2PDaemonError, RuntimeError, OSError, ValueError) as e:  # bootstrap / daemon errors
             errors.append(f"attempt {attempt}: {e}")
+        except Exception as e:  # hivemind's ValidationError: an initial peer's clock (or reachability)
+            dht.shutdown()
+            if "local time must be within" in str(e):
+                from swarm_node.clock import bootstrap_refusal
+
+                raise bootstrap_refusal(str(e), kwargs.get("initial_peers") or []) from e
+            raise
         dht.shutdown()
     peers = kwargs.get("initial_peers") or []
     if peers:

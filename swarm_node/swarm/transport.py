@@ -175,6 +175,11 @@ class Transport(ABC):
         """One blob, or None (missing, late, or not matching its digest)."""
         return self.get_blobs([digest], timeout).found.get(digest)
 
+    def ping_clocks(self, peers: Sequence[tuple[str, Sequence[str]]], timeout: float) -> list[tuple[str, float, float, float]]:
+        """Ping each (peer id, multiaddrs); per answer (peer id, sent, peer's DHT time, received),
+        the two local times in this transport's `dht_time` (clock.PingSample). [] where unsupported."""
+        return []
+
     @abstractmethod
     def shutdown(self) -> None:
         """Leave the swarm; bounded in time. Safe to call twice."""
