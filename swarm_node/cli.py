@@ -32,6 +32,8 @@ Examples:
 
   swarm-node status -p /ip4/1.2.3.4/tcp/31337/p2p/Qm... --json
 
+  swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...   # what stops a node from joining
+
   swarm-node eval --checkpoint runs/solo/checkpoints/step-00000020
 
   swarm-node report runs/local-20260101-120000
@@ -127,6 +129,27 @@ def join(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = 
     if steps is not None:
         extra.append(f"train.total_steps={steps}")
     _run_node(_load_config(config, set_, extra), verbose)
+
+
+@app.command(epilog="Example: swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+def doctor(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = None,
+           node_dir: NodeDirOpt = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (checks, ok, exit_code).")] = False,
+           timeout: Annotated[float, typer.Option(min=1.0, help="Seconds each swarm check may wait.")] = 20.0,
+           no_swarm: Annotated[bool, typer.Option("--no-swarm", help="Only the checks of this machine.")] = False,
+           verbose: VerboseOpt = False) -> None:
+    """Checklist before or after `join`: Python, torch, vLLM, GPU, model, disk, memory, ports, peers,
+    NAT, relay, a DHT round trip, the clock. Exit 0 only when every required check passes."""
+    extra = _peer_overrides(initial_peer)
+    if node_dir is not None:
+        extra.append(f"node_dir={json.dumps(str(node_dir))}")
+    cfg = _load_config(config, set_, extra)
+    _setup_logging(verbose)
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)  # the checklist is the output
+    from swarm_node.doctor import run_doctor
+
+    raise typer.Exit(run_doctor(cfg, as_json=as_json, timeout=timeout, swarm=not no_swarm))
 
 
 @app.command(epilog="Example: swarm-node train --steps 20 --node-dir runs/solo -s model.name=Qwen/Qwen2.5-0.5B-Instruct")

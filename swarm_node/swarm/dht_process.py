@@ -231,6 +231,13 @@ def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
                 from swarm_node.clock import bootstrap_refusal
 
                 raise bootstrap_refusal(str(e), kwargs.get("initial_peers") or []) from e
+            if "can't access this node" in str(e):
+                from swarm_node.errors import RuntimeFailure
+
+                raise RuntimeFailure(
+                    f"the initial peers cannot dial back to this node (behind NAT or a firewall): {e}",
+                    "set swarm.client_mode = true, or swarm.use_auto_relay = true with a public "
+                    "`swarm-node bootstrap` as initial peer, or forward the port (swarm.announce_maddrs)") from e
             raise
         dht.shutdown()
     peers = kwargs.get("initial_peers") or []
