@@ -341,6 +341,49 @@ class SwarmProbe:
             self.transport.shutdown()
 
 
+def read_routes(path: str = "/proc/net/route") -> list[tuple[int, int, int]]:
+    """IPv4 routes as (destination, mask, gateway), each the address's bytes read little-endian
+    (the kernel prints them so in hex); [] if unreadable."""
+    out = []
+    try:
+        for line in Path(path).read_text().splitlines()[1:]:
+            f = line.split()
+            out.append((int(f[1], 16), int(f[7], 16), int(f[2], 16)))
+    except (OSError, ValueError, IndexError):
+        return []
+    return out
+
+
+def source_ip(peer_ip: str) -> str | None:
+    """The local address this host uses to reach `peer_ip` (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer_ip, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def nat_guess(local_ip: str, peer_ip: str, routes: list[tuple[int, int, int]]) -> tuple[str, str]:
+    """(verdict, why): "public" (this host's address is public), "lan" (the peer is on a directly
+    connected network), "nat" (a private address routed through a gateway: behind NAT, most likely)
+    or "unknown". A heuristic: hivemind's bootstrap ping-back reuses the connection this host
+    opened, so it cannot tell a NAT apart, and libp2p's AutoNAT verdict is not exposed."""
+    import ipaddress
+
+    local, peer = ipaddress.ip_address(local_ip), ipaddress.ip_address(peer_ip)
+    if local.is_global:
+        return "public", f"this host's address {local_ip} is public"
+    peer_n = int.from_bytes(peer.packed, "little")  # /proc/net/route's byte order
+    matching = [(bin(mask).count("1"), gw) for dest, mask, gw in routes if peer_n & mask == dest]
+    if not matching:
+        return "unknown", f"no route to {peer_ip} found"
+    _, gateway = max(matching)
+    if gateway == 0:
+        return "lan", f"{peer_ip} is on a network this host is directly on ({local_ip})"
+    return "nat", f"this host reaches {peer_ip} through a gateway from the private address {local_ip}"
+
+
 def check_reachability(probe: SwarmProbe) -> Result:
     s = probe.cfg.swarm
     fix_nat = ("set swarm.client_mode = true (outgoing connections only), or swarm.use_auto_relay = true with a "
@@ -360,10 +403,18 @@ def check_reachability(probe: SwarmProbe) -> Result:
         return Result(PASS, "reachable through a relay: " + ", ".join(usable))
     if not s.initial_peers:
         public = [a for a in usable if not is_local_only(a)]
-        return Result(WARN, "not tested (no initial peer to dial back); addresses: " + (", ".join(public) or "none"),
-                      "run doctor with -p <a peer> to test from outside")
-    return Result(PASS, "the initial peers dialled back to this host (hivemind's bootstrap check): "
-                        + (", ".join(usable) or "-"))
+        return Result(WARN, "not tested (no initial peer to compare with); addresses: " + (", ".join(public) or "none"),
+                      "run doctor with -p <a peer> to test the path to the swarm")
+    if s.announce_maddrs:
+        return Result(PASS, "announces " + ", ".join(s.announce_maddrs) + " (make sure that port is forwarded here)")
+    hp = _host_port(s.initial_peers[0])
+    local = source_ip(hp[0]) if hp else None
+    if local is None:
+        return Result(SKIP, "no route to the initial peer's IP address")
+    verdict, why = nat_guess(local, hp[0], read_routes())
+    if verdict == "nat":
+        return Result(WARN, f"probably behind NAT: {why}; peers cannot open connections to this node", fix_nat)
+    return Result(PASS, f"{why}: peers can connect to this node unless a firewall blocks its port")
 
 
 def check_relay(probe: SwarmProbe) -> Result:

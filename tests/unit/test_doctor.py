@@ -119,3 +119,27 @@ def test_cli_json_names_the_failed_check(capsys, tmp_path):
     by_name = {c["check"]: c for c in result["checks"]}
     assert by_name["model"]["status"] == "fail" and by_name["model"]["required"] is True and by_name["model"]["fix"]
     assert by_name["python"]["status"] == "pass" and by_name["gpu"]["required"] is False
+
+
+def test_nat_guess_from_routes():
+    import struct
+
+    def n(ip: str) -> int:
+        return struct.unpack("<I", socket.inet_aton(ip))[0]
+
+    routes = [(0, 0, n("192.168.1.1")), (n("192.168.1.0"), n("255.255.255.0"), 0)]  # home LAN + default route
+    assert dc.nat_guess("192.168.1.5", "203.0.113.7", routes)[0] == "nat"
+    assert dc.nat_guess("192.168.1.5", "192.168.1.9", routes)[0] == "lan"
+    assert dc.nat_guess("93.184.216.34", "203.0.113.7", routes)[0] == "public"
+    assert dc.nat_guess("10.0.0.2", "203.0.113.7", [])[0] == "unknown"
+    assert dc.read_routes("/nonexistent") == []
+
+
+def test_routes_read_as_the_kernel_prints_them(tmp_path):
+    table = tmp_path / "route"
+    table.write_text("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
+                     "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # default via 192.0.2.1
+                     "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")  # 192.0.2.0/24 on link
+    routes = dc.read_routes(str(table))
+    assert dc.nat_guess("192.0.2.2", "192.0.2.77", routes)[0] == "lan"
+    assert dc.nat_guess("192.0.2.2", "203.0.113.7", routes)[0] == "nat"
