@@ -2,7 +2,7 @@
 
 Each line: the check, its result (pass, warn, fail, skip), what was found and, when something is
 wrong, what to do. Required checks decide the exit code (0 only when none failed); advisory ones
-only inform. The checks themselves live in doctor_checks.py; preflight.py's checks are reused.
+only inform. The checks themselves live in doctor_checks.py (this machine) and doctor_swarm.py (the swarm); preflight.py's checks are reused.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TextIO
 
 from swarm_node import doctor_checks as dc
+from swarm_node import doctor_swarm as ds
 from swarm_node.config import NodeConfig
 
 
@@ -51,15 +52,15 @@ def local_checks(cfg: NodeConfig) -> list[Check]:
     ]
 
 
-def swarm_checks(cfg: NodeConfig, probe: dc.SwarmProbe) -> list[Check]:
+def swarm_checks(cfg: NodeConfig, probe: ds.SwarmProbe) -> list[Check]:
     joining = bool(cfg.swarm.initial_peers)
     return [
-        Check("initial peers", joining, lambda: dc.check_initial_peers(cfg)),
+        Check("initial peers", joining, lambda: ds.check_initial_peers(cfg)),
         Check("dht join", True, probe.start),
-        Check("reachability", False, lambda: dc.check_reachability(probe)),
-        Check("relay", False, lambda: dc.check_relay(probe)),
-        Check("dht round trip", joining, lambda: dc.check_round_trip(probe)),
-        Check("clock", joining, lambda: dc.check_clock(probe)),
+        Check("reachability", False, lambda: ds.check_reachability(probe)),
+        Check("relay", False, lambda: ds.check_relay(probe)),
+        Check("dht round trip", joining, lambda: ds.check_round_trip(probe)),
+        Check("clock", joining, lambda: ds.check_clock(probe)),
     ]
 
 
@@ -74,7 +75,7 @@ def run_checks(checks: list[Check], progress: TextIO | None = None) -> list[Line
         try:
             r = c.run()
         except Exception as e:  # noqa: BLE001  (a check that crashes is a failed check, shown like the others)
-            r = dc._failed(e)
+            r = dc.failed_result(e)
         lines.append(Line(c.name, c.required, r.status, r.detail, r.fix, round(time.perf_counter() - t0, 3)))
         if live:
             progress.write(" " * 40 + "\r")
@@ -110,7 +111,7 @@ def run_doctor(cfg: NodeConfig, *, as_json: bool, timeout: float = 20.0, swarm: 
     progress = sys.stdout if not as_json else (sys.stderr if sys.stderr.isatty() else None)
     lines = run_checks(local_checks(cfg), progress)
     if swarm and cfg.swarm.enabled:
-        probe = dc.SwarmProbe(cfg, timeout)
+        probe = ds.SwarmProbe(cfg, timeout)
         try:
             lines += run_checks(swarm_checks(cfg, probe), progress)
         finally:

@@ -20,7 +20,7 @@ def probe_targets(transport: Transport, swarm_id: str, initial_peers: Sequence[s
     """(peer id, multiaddrs) of the peers with a status record, then the initial peers; not this node."""
     targets: dict[str, list[str]] = {}
     for st in read_statuses(transport, swarm_id, ValidationLimits(vocab_size=1), DropCounter(), timeout):
-        if st.peer_id != transport.peer_id:
+        if st.peer_id != transport.peer_id and st.maddrs:  # no address: a client-mode peer, which answers no ping
             targets.setdefault(st.peer_id, list(st.maddrs))
     for addr in initial_peers:
         peer_id = addr.rsplit("/p2p/", 1)[-1]
@@ -29,11 +29,16 @@ def probe_targets(transport: Transport, swarm_id: str, initial_peers: Sequence[s
     return list(targets.items())[:MAX_PEERS]
 
 
+PING_TIMEOUT_S = 3.0  # a peer slower than this to answer a ping is left out (its answer would be vague)
+
+
 def measure(transport: Transport, swarm_id: str, initial_peers: Sequence[str],
             timeout: float = 10.0) -> clock.ClockEstimate | None:
-    """The swarm's clock minus this node's (median over the peers that answered); None if none did."""
+    """The swarm's clock minus this node's (median over the peers that answered); None if none did.
+    `timeout` bounds the status read; the pings take at most PING_TIMEOUT_S more."""
     targets = probe_targets(transport, swarm_id, initial_peers, timeout)
-    samples = [clock.PingSample(*row) for row in transport.ping_clocks(targets, timeout)] if targets else []
+    pings = transport.ping_clocks(targets, min(timeout, PING_TIMEOUT_S)) if targets else []
+    samples = [clock.PingSample(*row) for row in pings]
     return clock.estimate(samples)
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 

@@ -41,7 +41,8 @@ def _swarm(offsets: list[float]) -> list[MemoryTransport]:
     nodes = [MemoryTransport(swarm, f"peer{i}", clock_offset_s=off) for i, off in enumerate(offsets)]
     for t in nodes:
         RolloutExchange(t, SWARM, vocab_size=1).publish_status(NodeStatus(
-            peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time()))
+            peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time(),
+            maddrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{t.peer_id}",)))
     return nodes
 
 
@@ -68,3 +69,12 @@ def test_synchronised_clock_passes_and_no_peer_is_unknown():
     alone = _swarm([0.0])[0]
     assert measure(alone, SWARM, []) is None
     assert check_join_clock(alone, SWARM, [], window_seconds=30.0, staleness_steps=4) is None
+
+
+def test_peers_without_an_address_are_not_pinged():
+    *peers, me = _swarm([0.0, 0.0, 0.0])
+    client = MemoryTransport(peers[0]._swarm, "client-peer", clock_offset_s=500.0)  # client mode: no maddrs
+    RolloutExchange(client, SWARM, vocab_size=1).publish_status(NodeStatus(
+        peer_id=client.peer_id, role="trainer", model_id="m", step=1, timestamp=client.dht_time()))
+    est = measure(me, SWARM, [])
+    assert est.peers == 2 and abs(est.offset_s) < 1.0

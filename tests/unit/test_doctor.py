@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from protocol.messages import NodeStatus
-from swarm_node import doctor, doctor_checks as dc
+from swarm_node import doctor, doctor_checks as dc, doctor_swarm as ds
 from swarm_node.config import NodeConfig
 from swarm_node.swarm.exchange import RolloutExchange
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
@@ -30,7 +30,7 @@ def _closed_port() -> int:
 def test_unreachable_initial_peer_fails_with_its_fix(tmp_path):
     port = _closed_port()
     cfg = _cfg(tmp_path, f'swarm.initial_peers=["/ip4/127.0.0.1/tcp/{port}/p2p/{PEER_ID}"]')
-    r = dc.check_initial_peers(cfg, timeout=2.0)
+    r = ds.check_initial_peers(cfg, timeout=2.0)
     assert r.status == dc.FAIL
     assert f"127.0.0.1/tcp/{port}" in r.detail and "refused" in r.detail.lower()
     assert "no firewall blocks its TCP port" in r.fix
@@ -41,7 +41,7 @@ def test_reachable_initial_peer_reports_the_dial_time(tmp_path):
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        r = dc.check_initial_peers(_cfg(tmp_path, f'swarm.initial_peers=["/ip4/127.0.0.1/tcp/{port}/p2p/{PEER_ID}"]'))
+        r = ds.check_initial_peers(_cfg(tmp_path, f'swarm.initial_peers=["/ip4/127.0.0.1/tcp/{port}/p2p/{PEER_ID}"]'))
     assert r.status == dc.PASS and " ms)" in r.detail
 
 
@@ -66,28 +66,29 @@ def test_missing_model_fails_with_its_fix(tmp_path):
     assert r.status == dc.FAIL and "no *.safetensors" in r.detail and "holds the weights" in r.fix
 
 
-def _probe_with_skew(tmp_path, offset: float) -> dc.SwarmProbe:
+def _probe_with_skew(tmp_path, offset: float) -> ds.SwarmProbe:
     swarm = MemorySwarm()
     peers = [MemoryTransport(swarm, f"peer{i}") for i in range(2)]
     for t in peers:
         RolloutExchange(t, "swarm-node-default", vocab_size=1).publish_status(NodeStatus(
-            peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time()))
-    probe = dc.SwarmProbe(_cfg(tmp_path), timeout=2.0)
+            peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time(),
+            maddrs=(f"/ip4/127.0.0.1/tcp/1/p2p/{t.peer_id}",)))
+    probe = ds.SwarmProbe(_cfg(tmp_path), timeout=2.0)
     probe.transport = MemoryTransport(swarm, "me", clock_offset_s=offset)  # simulated skew of this node
     return probe
 
 
 def test_skewed_clock_fails_with_its_fix(tmp_path):
-    r = dc.check_clock(_probe_with_skew(tmp_path, 100.0))
+    r = ds.check_clock(_probe_with_skew(tmp_path, 100.0))
     assert r.status == dc.FAIL and "100.0 s ahead of the swarm (median of 2 peers" in r.detail
     assert "60 s for the rollout windows" in r.detail and "timedatectl set-ntp true" in r.fix
-    assert dc.check_clock(_probe_with_skew(tmp_path, -10.0)).status == dc.WARN
-    assert dc.check_clock(_probe_with_skew(tmp_path, 0.0)).status == dc.PASS
+    assert ds.check_clock(_probe_with_skew(tmp_path, -10.0)).status == dc.WARN
+    assert ds.check_clock(_probe_with_skew(tmp_path, 0.0)).status == dc.PASS
 
 
 def test_round_trip_and_memory_estimate(tmp_path):
     probe = _probe_with_skew(tmp_path, 0.0)
-    assert dc.check_round_trip(probe).status == dc.PASS
+    assert ds.check_round_trip(probe).status == dc.PASS
     small = dc.memory_need(_cfg(tmp_path), dc.parameter_count(dc.model_config(_cfg(tmp_path))))
     big = _cfg(tmp_path, 'model.name="smollm2-135m"')
     assert dc.memory_need(big, 135_000_000) > small > 0
@@ -128,11 +129,11 @@ def test_nat_guess_from_routes():
         return struct.unpack("<I", socket.inet_aton(ip))[0]
 
     routes = [(0, 0, n("192.168.1.1")), (n("192.168.1.0"), n("255.255.255.0"), 0)]  # home LAN + default route
-    assert dc.nat_guess("192.168.1.5", "203.0.113.7", routes)[0] == "nat"
-    assert dc.nat_guess("192.168.1.5", "192.168.1.9", routes)[0] == "lan"
-    assert dc.nat_guess("93.184.216.34", "203.0.113.7", routes)[0] == "public"
-    assert dc.nat_guess("10.0.0.2", "203.0.113.7", [])[0] == "unknown"
-    assert dc.read_routes("/nonexistent") == []
+    assert ds.nat_guess("192.168.1.5", "203.0.113.7", routes)[0] == "nat"
+    assert ds.nat_guess("192.168.1.5", "192.168.1.9", routes)[0] == "lan"
+    assert ds.nat_guess("93.184.216.34", "203.0.113.7", routes)[0] == "public"
+    assert ds.nat_guess("10.0.0.2", "203.0.113.7", [])[0] == "unknown"
+    assert ds.read_routes("/nonexistent") == []
 
 
 def test_routes_read_as_the_kernel_prints_them(tmp_path):
@@ -140,6 +141,6 @@ def test_routes_read_as_the_kernel_prints_them(tmp_path):
     table.write_text("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n"
                      "eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n"  # default via 192.0.2.1
                      "eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n")  # 192.0.2.0/24 on link
-    routes = dc.read_routes(str(table))
-    assert dc.nat_guess("192.0.2.2", "192.0.2.77", routes)[0] == "lan"
-    assert dc.nat_guess("192.0.2.2", "203.0.113.7", routes)[0] == "nat"
+    routes = ds.read_routes(str(table))
+    assert ds.nat_guess("192.0.2.2", "192.0.2.77", routes)[0] == "lan"
+    assert ds.nat_guess("192.0.2.2", "203.0.113.7", routes)[0] == "nat"
