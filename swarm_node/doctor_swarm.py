@@ -140,6 +140,8 @@ def nat_guess(local_ip: str, peer_ip: str, routes: list[tuple[int, int, int]]) -
     or "unknown". A heuristic: hivemind's bootstrap ping-back reuses the connection this host
     opened, so it cannot tell a NAT apart, and libp2p's AutoNAT verdict is not exposed."""
     local, peer = ipaddress.ip_address(local_ip), ipaddress.ip_address(peer_ip)
+    if peer.is_loopback or local == peer:
+        return "lan", f"the initial peer {peer_ip} is this host (test from another machine too)"
     if local.is_global:
         return "public", f"this host's address {local_ip} is public"
     peer_n = int.from_bytes(peer.packed, "little")  # /proc/net/route's byte order

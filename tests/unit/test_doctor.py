@@ -133,6 +133,7 @@ def test_nat_guess_from_routes():
     assert ds.nat_guess("192.168.1.5", "192.168.1.9", routes)[0] == "lan"
     assert ds.nat_guess("93.184.216.34", "203.0.113.7", routes)[0] == "public"
     assert ds.nat_guess("10.0.0.2", "203.0.113.7", [])[0] == "unknown"
+    assert ds.nat_guess("127.0.0.1", "127.0.0.1", routes)[0] == "lan"
     assert ds.read_routes("/nonexistent") == []
 
 
