@@ -5,7 +5,8 @@ Measured:
 
 * cold: wall time of a fresh `python -m swarm_node.cli status -p ADDR --json` process, from
   exec to exit, `--repeats` times (the median is the headline; the goal is <= 2 s on a quiet
-  machine);
+  machine); the baseline, cold_full_hivemind: a fresh process reading the same way through the
+  full hivemind (torch imported, a DHT process), as one-shot `status` did before swarm/light.py;
 * connect: in this process, `observe.connect_observer` (the observer's DHT up and joined);
 * warm: the second `read_statuses` of the same observer (the first one warms the connections).
 
@@ -56,11 +57,23 @@ def _start_swarm(n: int, root: Path) -> list:
     return peers
 
 
-def _cold(addr: str, expected: int) -> float:
+# The baseline: what a one-shot status did before the light reader (full hivemind, torch, a DHT process).
+_FULL_PATH = """
+import json, os, sys
+from swarm_node.observe import connect_observer, status_rows
+transport, exchange = connect_observer([sys.argv[1]], sys.argv[2], self_heal=False, timeout=30.0)
+print(json.dumps(status_rows(exchange.read_statuses(timeout=10.0))), flush=True)
+transport.shutdown()
+os._exit(0)
+"""
+
+
+def _cold(addr: str, expected: int, full: bool = False) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = (["-c", _FULL_PATH, addr, SWARM] if full else
+           ["-m", "swarm_node.cli", "status", "-p", addr, "--swarm-id", SWARM, "--json"])
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "swarm_node.cli", "status", "-p", addr, "--swarm-id", SWARM,
-                          "--json"], capture_output=True, text=True, timeout=120, env=env)
+    out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, env=env)
     seconds = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"status exited {out.returncode}: {out.stdout[-500:]} {out.stderr[-2000:]}")
@@ -81,6 +94,7 @@ def main() -> None:
         try:
             addr = peers[0].visible_maddrs[0]
             cold = [_cold(addr, args.peers) for _ in range(args.repeats)]
+            cold_full = [_cold(addr, args.peers, full=True) for _ in range(args.repeats)]
             from swarm_node.observe import connect_observer
 
             t0 = time.perf_counter()
@@ -105,6 +119,9 @@ def main() -> None:
         "config": vars(args),
         "cold_s": [round(s, 3) for s in cold],
         "cold_s_median": round(statistics.median(cold), 3),
+        "cold_full_hivemind_s": [round(s, 3) for s in cold_full],
+        "cold_full_hivemind_s_median": round(statistics.median(cold_full), 3),
+        "speedup_cold": round(statistics.median(cold_full) / statistics.median(cold), 2),
         "connect_s": round(connect_s, 3),
         "first_read_s": round(first_s, 3),
         "warm_read_s": round(warm_s, 3),
