@@ -251,8 +251,6 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
             print(json.dumps({"error": typed.line() if typed else f"{type(e).__name__}: {e}",
                               "exit_code": typed.exit_code if typed else 1}), flush=True)
         raise
-    finally:
-        light.unload_light_hivemind()
     # The client has shut down its DHT process; skip the interpreter's teardown of torch and
     # hivemind (seconds on a busy machine) so a one-shot `status` returns at once.
     from swarm_node import lifecycle

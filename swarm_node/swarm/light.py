@@ -9,8 +9,8 @@ importable as plain namespaces (their `__init__` files are skipped; `hivemind.ut
 names of its torch-free submodules), so those submodules load in about 0.1 s.
 
 The catch: while loaded this way, `hivemind.DHT` does not exist in the process, so only a
-one-shot `status` uses it, and `unload_light_hivemind()` undoes it afterwards (a later
-`import hivemind` then runs the real package). `LightObserver` runs a client-mode `DHTNode` on an event loop in a thread of
+one-shot `status` uses it; the first use of a name only the real package has completes the
+import (`finish_light_hivemind`), so a process that goes on (a test run) still gets all of it. `LightObserver` runs a client-mode `DHTNode` on an event loop in a thread of
 this process (no DHT process, no fork); it checks records with the same validators as a node
 (signatures, owned subkeys, sizes) and implements the reading half of `Transport`.
 """
@@ -24,6 +24,7 @@ import sys
 import threading
 import types
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from protocol import keys
@@ -45,10 +46,11 @@ def load_light_hivemind() -> bool:
     root = list(spec.submodule_search_locations)[0]
 
     def namespace(name: str, path: str) -> types.ModuleType:
-        module = types.ModuleType(name)
-        module.__path__ = [path]
-        module.__package__ = name
+        """The package's module object, its `__init__` not run (finish_light_hivemind runs it)."""
+        spec = importlib.util.spec_from_file_location(name, f"{path}/__init__.py", submodule_search_locations=[path])
+        module = importlib.util.module_from_spec(spec)
         module._swarm_node_light = True
+        module.__getattr__ = partial(_complete, name)  # a name only the real package has: finish it
         sys.modules[name] = module
         return module
 
@@ -63,12 +65,27 @@ def load_light_hivemind() -> bool:
     return True
 
 
-def unload_light_hivemind() -> None:
-    """Forget the namespaces `load_light_hivemind` made, so a later `import hivemind` runs the real
-    package (the submodules already loaded are reused). For processes that go on after a light read."""
-    for name in ("hivemind.dht", "hivemind.utils", "hivemind"):
-        if getattr(sys.modules.get(name), "_swarm_node_light", False):
-            del sys.modules[name]
+def finish_light_hivemind() -> None:
+    """Run the `__init__` files `load_light_hivemind` skipped, in the same module objects: hivemind
+    is then the real package (torch imported), and everything loaded before stays valid (the
+    same classes). Happens by itself on the first name only the real package has (`hivemind.DHT`,
+    `from hivemind import ...`), so a process that goes on after a light read (a test run) can
+    start full DHTs."""
+    for name in ("hivemind.utils", "hivemind.dht", "hivemind"):
+        module = sys.modules.get(name)
+        if module is not None and module.__dict__.pop("_swarm_node_light", False):
+            module.__dict__.pop("__getattr__", None)
+            module.__spec__.loader.exec_module(module)
+
+
+def _complete(name: str, attr: str) -> Any:
+    submodule = sys.modules.get(f"{name}.{attr}")
+    if submodule is not None:  # `import hivemind.p2p.x as y` while hivemind.p2p is being imported
+        return submodule
+    if attr.startswith("__") or not getattr(sys.modules.get(name), "_swarm_node_light", False):
+        raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+    finish_light_hivemind()
+    return getattr(sys.modules[name], attr)
 
 
 class LightObserver(Transport):
