@@ -233,13 +233,13 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
     from swarm_node.errors import InputError
 
     _setup_logging(verbose)
-    from swarm_node.swarm import light
+    if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/light.py)
+        from swarm_node.swarm.light import load_light_hivemind
 
+        load_light_hivemind()
     try:
         if not initial_peer:
             raise InputError("status needs --initial-peer", "pass the multiaddr of any node of the swarm (-p ...)")
-        if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/light.py)
-            light.load_light_hivemind()
         from swarm_node import preflight
         from swarm_node.observe import run_status
 
