@@ -30,9 +30,9 @@ Examples:
 
   swarm-node join -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...
 
-  swarm-node status -p /ip4/1.2.3.4/tcp/31337/p2p/Qm... --json
+  swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...  # what stops a node from joining
 
-  swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...   # what stops a node from joining
+  swarm-node status -p /ip4/1.2.3.4/tcp/31337/p2p/Qm... --json
 
   swarm-node eval --checkpoint runs/solo/checkpoints/step-00000020
 
