@@ -222,7 +222,7 @@ def check_memory(cfg: NodeConfig) -> Result:
         return Result(SKIP, "memory size unknown on this system")
     total, free = (mem[1], mem[2]) if on_gpu else mem
     where = "GPU memory" if on_gpu else "RAM"
-    what = (f"~{need / GIB:.1f} GiB for {params / 1e6:.0f}M parameters, micro-batch {cfg.train.micro_batch_size} "
+    what = (f"~{need / GIB:.2f} GiB for {params / 1e6:.1f}M parameters, micro-batch {cfg.train.micro_batch_size} "
             f"x {cfg.generation.max_new_tokens} tokens; {free / GIB:.1f} of {total / GIB:.1f} GiB {where} free")
     fix = ("lower train.micro_batch_size or generation.max_new_tokens, enable model.lora, use bfloat16, "
            "or a smaller model")
