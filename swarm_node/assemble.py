@@ -65,6 +65,12 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                  cfg.swarm.start_attempts)
         transport = start_transport(cfg.swarm, node_dir)
         close_hooks.append(transport.shutdown)
+    if transport is not None and cfg.swarm.initial_peers:  # before the model loads: a wrong clock costs seconds
+        from swarm_node.swarm.clock_probe import check_join_clock
+
+        s = cfg.swarm
+        check_join_clock(transport, s.swarm_id, s.initial_peers, s.window_seconds, s.staleness_steps,
+                         timeout=min(10.0, s.fetch_timeout_s))
     policy = load_policy(cfg.model, seed=cfg.train.seed)
     trainer = Trainer(policy, cfg.train, cfg.objective, temperature=cfg.generation.temperature)
     restored = load_latest_checkpoint(node_dir, trainer)

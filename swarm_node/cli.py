@@ -30,6 +30,8 @@ Examples:
 
   swarm-node join -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...
 
+  swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...  # what stops a node from joining
+
   swarm-node status -p /ip4/1.2.3.4/tcp/31337/p2p/Qm... --json
 
   swarm-node status --peers --node-dir runs/a      # what node a took from each peer
@@ -129,6 +131,27 @@ def join(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = 
     if steps is not None:
         extra.append(f"train.total_steps={steps}")
     _run_node(_load_config(config, set_, extra), verbose)
+
+
+@app.command(epilog="Example: swarm-node doctor -c node.toml -p /ip4/1.2.3.4/tcp/31337/p2p/Qm...")
+def doctor(config: ConfigOpt = None, set_: SetOpt = None, initial_peer: PeerOpt = None,
+           node_dir: NodeDirOpt = None,
+           as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (checks, ok, exit_code).")] = False,
+           timeout: Annotated[float, typer.Option(min=1.0, help="Seconds each swarm check may wait.")] = 20.0,
+           no_swarm: Annotated[bool, typer.Option("--no-swarm", help="Only the checks of this machine.")] = False,
+           verbose: VerboseOpt = False) -> None:
+    """Checklist before or after `join`: Python, torch, vLLM, GPU, model, disk, memory, ports, peers,
+    NAT, relay, a DHT round trip, the clock. Exit 0 only when every required check passes."""
+    extra = _peer_overrides(initial_peer)
+    if node_dir is not None:
+        extra.append(f"node_dir={json.dumps(str(node_dir))}")
+    cfg = _load_config(config, set_, extra)
+    _setup_logging(verbose)
+    if not verbose:
+        logging.getLogger().setLevel(logging.WARNING)  # the checklist is the output
+    from swarm_node.doctor import run_doctor
+
+    raise typer.Exit(run_doctor(cfg, as_json=as_json, timeout=timeout, swarm=not no_swarm))
 
 
 @app.command(epilog="Example: swarm-node train --steps 20 --node-dir runs/solo -s model.name=Qwen/Qwen2.5-0.5B-Instruct")
@@ -236,6 +259,10 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
     from swarm_node.errors import InputError
 
     _setup_logging(verbose)
+    if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/light.py)
+        from swarm_node.swarm.light import load_light_hivemind
+
+        load_light_hivemind()
     try:
         if peers:
             from swarm_node.ledger_view import run_peers_status

@@ -229,3 +229,29 @@ class NodeDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def daemons_die_with_this_process() -> None:
+    """Every subprocess this process starts through asyncio (hivemind's p2pd) gets SIGKILL from the
+    kernel when this process dies (prctl PR_SET_PDEATHSIG, set between fork and exec)."""
+    import asyncio.subprocess
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+    original = asyncio.subprocess.create_subprocess_exec
+    if getattr(original, "_dies_with_parent", False):
+        return
+
+    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("preexec_fn", die_with_parent)
+        return await original(*args, **kwargs)
+
+    create_subprocess_exec._dies_with_parent = True  # type: ignore[attr-defined]
+    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec

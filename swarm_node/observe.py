@@ -124,9 +124,22 @@ def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     return table
 
 
+def connect_light_observer(initial_peers: Sequence[str], swarm_id: str, timeout: float) -> tuple[Any, Any]:
+    """A one-shot reader without torch (swarm/light.py): (transport, exchange), as connect_observer."""
+    from swarm_node.swarm.exchange import RolloutExchange
+    from swarm_node.swarm.light import LightObserver
+
+    transport = LightObserver(initial_peers, swarm_id, timeout=timeout)
+    return transport, RolloutExchange(transport, swarm_id, vocab_size=1)
+
+
 def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, watch: bool,
                interval: float, timeout: float) -> None:
-    transport, exchange = connect_observer(initial_peers, swarm_id, self_heal=watch, timeout=timeout)
+    """One read through the light reader; `watch` joins as a full, self-healing observer."""
+    if watch:
+        transport, exchange = connect_observer(initial_peers, swarm_id, self_heal=True, timeout=timeout)
+    else:
+        transport, exchange = connect_light_observer(initial_peers, swarm_id, timeout)
     console = Console()
     try:
         if as_json and not watch:

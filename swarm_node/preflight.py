@@ -86,7 +86,7 @@ def check_initial_peers(peers: Sequence[str]) -> None:
         try:
             if not _PEER_SHAPE.match(addr):
                 raise ValueError("no /p2p/<peer id> at the end")
-            from swarm_node.swarm.dht_process import check_initial_peers as parse
+            from swarm_node.swarm.addresses import check_initial_peers as parse
 
             parse([addr])
         except ValueError as e:

@@ -77,3 +77,19 @@ def join_hint(usable: Sequence[str], *, client_mode: bool) -> str | None:
         return ("no address others can dial: listen on a reachable interface (swarm.host_maddrs) "
                 "or give the public one (swarm.announce_maddrs)")
     return None
+
+
+def check_initial_peers(initial_peers: Sequence[str]) -> list[str]:
+    """Each initial peer must be a full multiaddr ending in /p2p/<peer id>; raise ValueError otherwise."""
+    from hivemind.utils.multiaddr import Multiaddr
+    from hivemind.utils.multiaddr import exceptions as maddr_errors
+
+    out = []
+    for addr in initial_peers:
+        try:
+            maddr = Multiaddr(addr)
+            maddr["p2p"]
+        except (maddr_errors.Error, ValueError, TypeError) as e:
+            raise ValueError(f"initial peer {addr!r} is not a multiaddr with /p2p/<peer id>: {e}") from e
+        out.append(str(maddr))
+    return out

@@ -39,6 +39,7 @@ from swarm_node.swarm.dht_process import (
     check_initial_peers,
     get_many_in_dht,
     health_in_dht,
+    ping_clocks_in_dht,
     redial_in_dht,
     refusals_in_dht,
     start_dht,
@@ -235,6 +236,12 @@ class HivemindTransport(Transport):
 
     def dht_time(self) -> float:
         return get_dht_time()
+
+    def ping_clocks(self, peers: Sequence[tuple[str, Sequence[str]]], timeout: float) -> list[tuple[str, float, float, float]]:
+        """Ping each (peer id, multiaddrs) from the DHT process; see Transport.ping_clocks."""
+        self._check_open()
+        return list(self._call(partial(ping_clocks_in_dht, peers=[(p, list(a)) for p, a in peers], timeout=timeout),
+                               timeout) or [])
 
     # -- batched DHT calls (run inside the DHT process; one traversal per batch) ------------
     def _call(self, coro: Any, timeout: float) -> Any:

@@ -18,11 +18,8 @@
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
-import signal
 import threading
-from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
@@ -30,13 +27,13 @@ import base58
 import hivemind
 from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
-from hivemind.utils.multiaddr import exceptions as maddr_errors
 
-__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "redial_in_dht",
+from swarm_node.lifecycle import daemons_die_with_this_process
+from swarm_node.swarm.addresses import check_initial_peers
+from swarm_node.swarm.transport import SwarmConnectError
+
+__all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "ping_clocks_in_dht", "redial_in_dht",
            "store_many_in_dht"]
-
-_PR_SET_PDEATHSIG = 1
-
 
 class _BlockingRecvPipe:
     """A multiprocessing Connection whose recv() first puts the descriptor back in blocking mode."""
@@ -79,23 +76,6 @@ def _lazy_peer_id_base58() -> None:
     PeerID.to_base58 = to_base58
 
 
-def _daemons_die_with_this_process() -> None:
-    """Every subprocess this process starts through asyncio (hivemind's p2pd) gets SIGKILL from the
-    kernel when this process dies (prctl PR_SET_PDEATHSIG, set between fork and exec)."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child only calls it
-
-    def die_with_parent() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-    original = asyncio.subprocess.create_subprocess_exec
-
-    async def create_subprocess_exec(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("preexec_fn", die_with_parent)
-        return await original(*args, **kwargs)
-
-    asyncio.subprocess.create_subprocess_exec = create_subprocess_exec
-
-
 class PipeFixedDHT(hivemind.DHT):
     """hivemind.DHT with the large-message pipe fix, a parent-death watchdog and lazy peer-id
     encoding (see module doc)."""
@@ -105,7 +85,7 @@ class PipeFixedDHT(hivemind.DHT):
 
     def run(self) -> None:
         _lazy_peer_id_base58()
-        _daemons_die_with_this_process()
+        daemons_die_with_this_process()
         if self.storage_caps is not None:
             from swarm_node.swarm.validators import CappedStorage
 
@@ -123,19 +103,6 @@ class PipeFixedDHT(hivemind.DHT):
                 self._outer_pipe.send(("_shutdown", [], {}))
                 stop.wait(self.shutdown_timeout + 2)
                 os._exit(0)
-
-
-def check_initial_peers(initial_peers: Sequence[str]) -> list[str]:
-    """Each initial peer must be a full multiaddr ending in /p2p/<peer id>; raise ValueError otherwise."""
-    out = []
-    for addr in initial_peers:
-        try:
-            maddr = Multiaddr(addr)
-            maddr["p2p"]
-        except (maddr_errors.Error, ValueError, TypeError) as e:
-            raise ValueError(f"initial peer {addr!r} is not a multiaddr with /p2p/<peer id>: {e}") from e
-        out.append(str(maddr))
-    return out
 
 
 async def get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, timeout: float) -> dict[str, Any]:
@@ -180,6 +147,35 @@ async def health_in_dht(_dht: Any, node: Any) -> dict[str, Any]:
             "peers": peers, "stored_keys": len(node.protocol.storage)}
 
 
+async def ping_clocks_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]],
+                             timeout: float) -> list[tuple[str, float, float, float]]:
+    """Runs in the DHT process: connect to and ping each (peer id, multiaddrs); per answer (peer id,
+    sent, the peer's DHT time, received) in this process's DHT time (hivemind's ping carries it)."""
+    from hivemind.proto import dht_pb2
+    from hivemind.utils.timed_storage import get_dht_time
+
+    async def one(peer_b58: str, addrs: list[str]) -> tuple[str, float, float, float] | None:
+        peer = PeerID.from_base58(peer_b58)
+        if peer == node.peer_id:
+            return None
+        if addrs:
+            try:
+                await node.p2p._client.connect(peer, [Multiaddr(a) for a in addrs])
+            except Exception:  # network boundary: the daemon may still reach it through its peerstore
+                pass
+        request = dht_pb2.PingRequest(peer=node.protocol.node_info, validate=False)
+        sent = get_dht_time()
+        response = await node.protocol.get_stub(peer).rpc_ping(request, timeout=timeout)
+        received = get_dht_time()
+        return (peer_b58, sent, float(response.dht_time), received) if response.dht_time else None
+
+    tasks = [asyncio.create_task(one(p, a)) for p, a in peers]
+    done, pending = await asyncio.wait(tasks, timeout=timeout) if tasks else (set(), set())
+    for task in pending:
+        task.cancel()
+    return [t.result() for t in done if not t.cancelled() and t.exception() is None and t.result() is not None]
+
+
 async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]], timeout: float) -> int:
     """Runs in the DHT process: connect to each (peer id, multiaddrs), ping it into the routing table,
     forget its blacklist entry, then look up our own id to refill the table. Returns peers that answered."""
@@ -212,10 +208,6 @@ async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]]
     return answered
 
 
-class SwarmConnectError(RuntimeError):
-    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
-
-
 def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
               storage_caps: tuple[int, int, int] | None) -> PipeFixedDHT:
     """Start the DHT process with `kwargs` (PipeFixedDHT's), trying `attempts` times within
@@ -232,6 +224,20 @@ def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
             errors.append(f"attempt {attempt}: no answer within {timeout:.0f}s")
         except (P2PDaemonError, RuntimeError, OSError, ValueError) as e:  # bootstrap / daemon errors
             errors.append(f"attempt {attempt}: {e}")
+        except Exception as e:  # hivemind's ValidationError: an initial peer's clock (or reachability)
+            dht.shutdown()
+            if "local time must be within" in str(e):
+                from swarm_node.clock import bootstrap_refusal
+
+                raise bootstrap_refusal(str(e), kwargs.get("initial_peers") or []) from e
+            if "can't access this node" in str(e):
+                from swarm_node.errors import RuntimeFailure
+
+                raise RuntimeFailure(
+                    f"the initial peers cannot dial back to this node (behind NAT or a firewall): {e}",
+                    "set swarm.client_mode = true, or swarm.use_auto_relay = true with a public "
+                    "`swarm-node bootstrap` as initial peer, or forward the port (swarm.announce_maddrs)") from e
+            raise
         dht.shutdown()
     peers = kwargs.get("initial_peers") or []
     if peers:

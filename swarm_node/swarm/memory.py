@@ -19,6 +19,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from swarm_node.swarm.transport import (
     BAD_DIGEST,
@@ -44,6 +45,7 @@ class MemorySwarm:
         self._owned: dict[str, dict[str, OwnedValue]] = {}
         self._blobs: dict[str, tuple[bytes, float]] = {}
         self.unreachable: set[str] = set()
+        self.members: dict[str, Any] = {}  # peer id -> MemoryTransport (pings)
         self.rejected_forgeries = 0
 
     # -- used by MemoryTransport ------------------------------------------------------------
@@ -106,12 +108,20 @@ class MemorySwarm:
 class MemoryTransport(Transport):
     """A node's view of a MemorySwarm. `peer_id` defaults to a fresh random-looking id."""
 
-    def __init__(self, swarm: MemorySwarm, peer_id: str | None = None) -> None:
+    def __init__(self, swarm: MemorySwarm, peer_id: str | None = None, clock_offset_s: float = 0.0) -> None:
         self._swarm = swarm
-        self._peer_id = peer_id or "mem-" + hashlib.sha256(str(id(self)).encode() + str(time.time_ns()).encode()).hexdigest()[:16]
+        self.clock_offset_s = clock_offset_s  # this node's clock minus the swarm's (simulated skew)
+        swarm.members[self._peer_id_or(peer_id)] = self
+        self._peer_id = self._peer_id_or(peer_id)
         self.drops = DropCounter()
         self.traffic = Counter()
         self._closed = False
+
+    def _peer_id_or(self, peer_id: str | None) -> str:
+        if getattr(self, "_peer_id", None) is None:
+            self._peer_id = peer_id or "mem-" + hashlib.sha256(
+                str(id(self)).encode() + str(time.time_ns()).encode()).hexdigest()[:16]
+        return self._peer_id
 
     @property
     def peer_id(self) -> str:
@@ -122,7 +132,17 @@ class MemoryTransport(Transport):
         return f"memory-key:{self._peer_id}".encode()
 
     def dht_time(self) -> float:
-        return self._swarm.clock()
+        return self._swarm.clock() + self.clock_offset_s
+
+    def ping_clocks(self, peers: Sequence[tuple[str, Sequence[str]]], timeout: float) -> list[tuple[str, float, float, float]]:
+        out = []
+        for peer_id, _addrs in peers:
+            other = self._swarm.members.get(peer_id)
+            if other is None or other is self or other._closed or peer_id in self._swarm.unreachable:
+                continue
+            sent = self.dht_time()
+            out.append((peer_id, sent, other.dht_time(), self.dht_time()))
+        return out
 
     def _check_open(self) -> None:
         if self._closed:

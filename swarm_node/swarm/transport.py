@@ -40,6 +40,10 @@ MISSING = "missing"
 BAD_DIGEST = "bad_digest"
 
 
+class SwarmConnectError(RuntimeError):
+    """The DHT could not start or join the swarm (bootstrap peers silent, daemon failed)."""
+
+
 class DropCounter(Counter):
     """Counts of dropped peer data by reason (`reason -> count`). Merge with `+=` or `update`."""
 
@@ -170,6 +174,11 @@ class Transport(ABC):
     def get_blob(self, digest: str, timeout: float) -> bytes | None:
         """One blob, or None (missing, late, or not matching its digest)."""
         return self.get_blobs([digest], timeout).found.get(digest)
+
+    def ping_clocks(self, peers: Sequence[tuple[str, Sequence[str]]], timeout: float) -> list[tuple[str, float, float, float]]:
+        """Ping each (peer id, multiaddrs); per answer (peer id, sent, peer's DHT time, received),
+        the two local times in this transport's `dht_time` (clock.PingSample). [] where unsupported."""
+        return []
 
     @abstractmethod
     def shutdown(self) -> None:

@@ -253,3 +253,60 @@ def test_hosts_nat_partition_bootstrap_loss_and_late_join(topo: Topology, tmp_pa
     finally:
         swarm.stop()
         print(json.dumps({"multihost": {k: round(v, 2) for k, v in numbers.items()}}), flush=True)
+
+
+@pytest.fixture
+def nat_topo():
+    reason = missing_requirements()
+    if reason:
+        pytest.skip(reason)
+    t = Topology.create(public=["boot", "a"], natted=["c"], rate_limited={})
+    try:
+        yield t
+    finally:
+        t.close()
+
+
+def _doctor(swarm: Swarm, host: str, tmp: Path, peer: str, *sets: str) -> tuple[int, dict]:
+    """`swarm-node doctor --json` in `host`'s namespace: (exit code, {check: line})."""
+    args = ["doctor", "--json", "--node-dir", str(tmp / f"doctor-{host}"), "-p", peer, "--timeout", "30",
+            "-s", f'swarm.swarm_id="{SWARM}"', "-s", 'model.name="tiny-random:64x1:a"',
+            "-s", f'model.cache_dir="{tmp / "cache"}"', *[a for s in sets for a in ("-s", s)]]
+    out = subprocess.run([*swarm.topo.exec_args(host), sys.executable, "-m", "swarm_node.cli", *args],
+                         capture_output=True, text=True, env=swarm.env, timeout=300)
+    try:
+        result = json.loads(out.stdout)
+    except ValueError:
+        raise AssertionError(f"doctor on {host} printed no JSON ({out.returncode}): {out.stdout[-2000:]} "
+                             f"{out.stderr[-3000:]}") from None
+    print(f"doctor on {host} {sets}: exit {out.returncode}", json.dumps(result["checks"]), flush=True)
+    return out.returncode, {c["check"]: c for c in result["checks"]}
+
+
+def test_doctor_behind_nat_and_in_public(nat_topo: Topology, tmp_path: Path) -> None:
+    """doctor from a public host passes; behind NAT a full DHT peer is named as probably unreachable
+    from outside with the client-mode/relay fix, and in client mode it passes."""
+    swarm = Swarm(nat_topo, tmp_path)
+    try:
+        swarm.spawn("boot", ["bootstrap", "--node-dir", str(tmp_path / "boot"), "--swarm-id", SWARM,
+                             "--host-maddr", f"/ip4/0.0.0.0/tcp/{BOOT_PORT}"])
+        swarm.wait(lambda: swarm.join_addrs("boot"), 120, "the bootstrap's address")
+        boot = swarm.join_addrs("boot")[0]
+
+        code, public = _doctor(swarm, "a", tmp_path, boot)
+        assert code == 0, public
+        assert public["initial peers"]["status"] == "pass" and public["dht round trip"]["status"] == "pass"
+        assert public["reachability"]["status"] == "pass" and public["clock"]["status"] == "pass"
+
+        code, natted = _doctor(swarm, "c", tmp_path, boot)
+        assert natted["initial peers"]["status"] == "pass"  # outgoing connections work through the NAT
+        assert natted["reachability"]["status"] == "warn", natted["reachability"]
+        assert "behind NAT" in natted["reachability"]["detail"] and "client_mode" in natted["reachability"]["fix"]
+        assert public["reachability"]["detail"].startswith(f"{nat_topo.host('boot').ip} is on a network")
+
+        code, client = _doctor(swarm, "c", tmp_path, boot, "swarm.client_mode=true")
+        assert code == 0, client
+        assert client["reachability"]["status"] == "pass" and "client mode" in client["reachability"]["detail"]
+        assert client["dht round trip"]["status"] == "pass"
+    finally:
+        swarm.stop()
