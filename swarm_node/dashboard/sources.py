@@ -51,6 +51,7 @@ class Status:
     timestamp: float
     metrics: Mapping[str, float] = field(default_factory=dict)
     role: str = "trainer"
+    tokenizer_fingerprint: str = ""
 
 
 class FakeStatusSource:
