@@ -112,7 +112,7 @@ function drawTable(peers, serverTime) {
 }
 
 const LEDGER_COLUMNS = ["peer", "taken / offered", "dropped (top reason)", "tokenizer", "samples", "gradient",
-  "filtered", "cross-tok", "cross-tok gradient", "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation",
+  "filtered", "cross-tok", "x-tok grad", "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation",
   "last seen"];
 
 function ledgerCells(r, serverTime) {
