@@ -4,7 +4,7 @@ Warm tiny models (the `warm_model` fixture) write valid text: variant a has byte
 a byte-level BPE trained in code. With the defaults (`swarm.send_text = "auto"`,
 `swarm.cross_tokenizer = true`) each node learns the other's tokenizer from its status record or
 its groups, starts sending completion text, and takes the other's groups, re-tokenized and
-trained per aligned chunk.
+trained per aligned chunk. Slow: warming the two models up and starting the DHTs take most of it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from swarm_node.node import Node
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 SWARM = "itest-crosstok"
 MAX_ROUNDS = 6  # rounds (one step of each node) allowed for text to start flowing both ways
-SETTLED_ROUNDS = 1  # rounds run after that
+MORE_ROUNDS = 4  # rounds after that, until a cross-tokenizer sample carried gradient (at least 1)
 PROMPTS = 2  # train.prompts_per_step: groups a node publishes per step
 
 
@@ -79,7 +79,13 @@ def test_nodes_with_different_tokenizers_train_on_each_other(two_tokenizers):
     summary = {n.parts.peer_id[:8]: [(m.get("text_groups"), m.get("peer_samples"), m.get("crosstok_samples"),
                                       m.get("dropped_tokenizer_mismatch", 0)) for m in history[n]] for n in (a, c)}
     assert took_foreign(a) and took_foreign(c), summary
-    for _ in range(SETTLED_ROUNDS):
+
+    def foreign_gradient() -> int:
+        return sum(r["crosstok_gradient"] for n in (a, c) for r in n.parts.ledger.rows())
+
+    for k in range(MORE_ROUNDS):
+        if k and foreign_gradient():
+            break
         for node in (a, c):
             history[node].append(node.run_step())
 
@@ -105,4 +111,4 @@ def test_nodes_with_different_tokenizers_train_on_each_other(two_tokenizers):
     rows = [r for n in (a, c) for r in n.parts.ledger.rows()]
     print({r["peer_id"][:8]: (r["samples"], r["crosstok"], r["crosstok_gradient"], r["reward"]["mean"]) for r in rows})
     if any(0 < r["reward"]["mean"] < 1 for r in rows):
-        assert sum(r["crosstok_gradient"] for r in rows) > 0, rows
+        assert foreign_gradient() > 0, rows
