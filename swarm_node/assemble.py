@@ -125,7 +125,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         from swarm_node.ledger import PeerLedger
         from swarm_node.swarm.exchange import RolloutExchange
 
-        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers)
+        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers, own_tokenizer=policy.fingerprint)
 
         min_g, max_g = peer_group_bounds(cfg)
         exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),

@@ -6,7 +6,11 @@ gradient (a nonzero advantage after the filters) and those the filter dropped; r
 configured estimator, per sample) and importance-weight (per-sample mean of rho = pi_old / pi_gen
 over its tokens) statistics: count, mean and the median and p90 of a bounded reservoir of
 `RESERVOIR` values; its reputation (admission's `Reputation` good and fault counts); and when it
-was first and last seen (wall-clock seconds).
+was first and last seen (wall-clock seconds). Across tokenizers: the peer's tokenizer fingerprint
+(from its groups: the last one named), and how many of its samples came from another tokenizer
+than this node's (re-tokenized, `swarm_node.crosstok`) and how many of those carried gradient.
+The ledger keeps this node's own fingerprint too, so its views tell a peer of the same tokenizer
+from one of another.
 
 The ledger owns the node's `Reputation`: admission reads it (`reputation`), so trust earned or lost
 survives a restart. It lives in `node_dir/peer_ledger.json`, written atomically (`atomic.py`) at
@@ -35,12 +39,14 @@ from typing import Any, NamedTuple
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.swarm.admission import Reputation
+from swarm_node.swarm.tokenizers import tokenizer_label
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "peer_ledger.json"
 FORMAT = 1
 RESERVOIR = 64  # values kept per statistic and peer (its median and p90 are read from them)
+MAX_FINGERPRINT_CHARS = 128  # a longer tokenizer fingerprint is cut (the wire bounds it already)
 DEFAULT_MAX_PEERS = 256
 OTHER = "other"  # the label of every peer outside the top K (prometheus.py)
 
@@ -48,7 +54,8 @@ OTHER = "other"  # the label of every peer outside the top K (prometheus.py)
 class SampleStat(NamedTuple):
     """What the trainer measured of one peer sample (`Trainer.peer_sample_stats`).
 
-    kl and is_weight are None for a sample that was not scored (no tokens)."""
+    kl and is_weight are None for a sample that was not scored (no tokens); crosstok: the sample
+    came from another tokenizer (re-tokenized, trained per chunk)."""
 
     peer: str
     reward: float
@@ -56,6 +63,7 @@ class SampleStat(NamedTuple):
     is_weight: float | None
     filtered: bool
     gradient: bool
+    crosstok: bool = False
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -125,12 +133,16 @@ class PeerRecord:
     reward: Stat = field(default_factory=Stat)
     kl: Stat = field(default_factory=Stat)
     is_weight: Stat = field(default_factory=Stat)
+    tokenizer: str = ""  # fingerprint named by its last group judged here ("" before any)
+    crosstok: int = 0  # samples from another tokenizer than this node's
+    crosstok_gradient: int = 0  # of those, samples that carried gradient
 
     def to_json(self) -> dict[str, Any]:
         return {"first_seen": self.first_seen, "last_seen": self.last_seen, "offered": self.offered,
                 "taken": self.taken, "dropped": dict(sorted(self.dropped.items())), "samples": self.samples,
                 "gradient": self.gradient, "filtered": self.filtered, "reward": self.reward.to_json(),
-                "kl": self.kl.to_json(), "is_weight": self.is_weight.to_json()}
+                "kl": self.kl.to_json(), "is_weight": self.is_weight.to_json(), "tokenizer": self.tokenizer,
+                "crosstok": self.crosstok, "crosstok_gradient": self.crosstok_gradient}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PeerRecord:
@@ -141,7 +153,8 @@ class PeerRecord:
                    taken=_int(d["taken"]), dropped={str(k): _int(v) for k, v in dropped.items()},
                    samples=_int(d["samples"]), gradient=_int(d["gradient"]), filtered=_int(d["filtered"]),
                    reward=Stat.from_json(d["reward"]), kl=Stat.from_json(d["kl"]),
-                   is_weight=Stat.from_json(d["is_weight"]))
+                   is_weight=Stat.from_json(d["is_weight"]), tokenizer=_fingerprint(d.get("tokenizer", "")),
+                   crosstok=_int(d.get("crosstok", 0)), crosstok_gradient=_int(d.get("crosstok_gradient", 0)))
 
 
 class PeerLedger:
@@ -150,10 +163,11 @@ class PeerLedger:
 
     def __init__(self, path: Path | None = None, max_peers: int = DEFAULT_MAX_PEERS, *,
                  reputation: Reputation | None = None, clock: Callable[[], float] = time.time,
-                 seed: int = 0) -> None:
+                 seed: int = 0, own_tokenizer: str = "") -> None:
         if max_peers < 1:
             raise ValueError(f"max_peers must be >= 1, got {max_peers}")
         self.path = path
+        self.own_tokenizer = own_tokenizer  # this node's fingerprint ("" when unknown)
         self.max_peers = max_peers
         self.reputation = reputation or Reputation()
         self.clock = clock
@@ -163,11 +177,14 @@ class PeerLedger:
 
     # ---- recording ---------------------------------------------------------------------------
 
-    def record_group(self, peer: str, reason: str | None) -> None:
-        """A group (or index record) of `peer` judged by this node: taken (None) or dropped."""
+    def record_group(self, peer: str, reason: str | None, tokenizer: str = "") -> None:
+        """A group (or index record) of `peer` judged by this node: taken (None) or dropped;
+        `tokenizer`: the fingerprint the group names (none for an index record)."""
         with self._lock:
             rec = self._touch(peer)
             rec.offered += 1
+            if tokenizer:
+                rec.tokenizer = tokenizer[:MAX_FINGERPRINT_CHARS]
             if reason is None:
                 rec.taken += 1
             else:
@@ -187,6 +204,8 @@ class PeerLedger:
                 rec.samples += 1
                 rec.gradient += int(bool(s.gradient))
                 rec.filtered += int(bool(s.filtered))
+                rec.crosstok += int(bool(s.crosstok))
+                rec.crosstok_gradient += int(bool(s.crosstok) and bool(s.gradient))
                 rec.reward.add(float(s.reward), self._rng)
                 if s.kl is not None:
                     rec.kl.add(float(s.kl), self._rng)
@@ -219,7 +238,8 @@ class PeerLedger:
         """One flat row per peer, most samples taken first (see `row`)."""
         good, faults = dict(self.reputation.good), dict(self.reputation.faults)
         with self._lock:
-            rows = [row(p, r.to_json(), good.get(p, 0.0), faults.get(p, 0.0)) for p, r in self._peers.items()]
+            rows = [row(p, r.to_json(), good.get(p, 0.0), faults.get(p, 0.0), self.own_tokenizer)
+                    for p, r in self._peers.items()]
         return sort_rows(rows)
 
     def to_json(self) -> dict[str, Any]:
@@ -227,7 +247,8 @@ class PeerLedger:
         with self._lock:
             peers = [{"peer_id": p, **r.to_json(), "reputation": {"good": good.get(p, 0.0), "faults": faults.get(p, 0.0)}}
                      for p, r in self._peers.items()]
-        return {"format": FORMAT, "saved_at": self.clock(), "max_peers": self.max_peers, "peers": peers}
+        return {"format": FORMAT, "saved_at": self.clock(), "max_peers": self.max_peers,
+                "tokenizer": self.own_tokenizer, "peers": peers}
 
     # ---- persistence -------------------------------------------------------------------------
 
@@ -238,9 +259,9 @@ class PeerLedger:
 
     @classmethod
     def open(cls, path: Path, max_peers: int = DEFAULT_MAX_PEERS, *, clock: Callable[[], float] = time.time,
-             reputation: Reputation | None = None) -> PeerLedger:
+             reputation: Reputation | None = None, own_tokenizer: str = "") -> PeerLedger:
         """The ledger kept at `path` (empty if there is none, or if it is damaged: see `read_file`)."""
-        ledger = cls(path, max_peers, clock=clock, reputation=reputation)
+        ledger = cls(path, max_peers, clock=clock, reputation=reputation, own_tokenizer=own_tokenizer)
         data = read_file(path)
         if data is not None:
             for peer, rec, good, faults in data[-max_peers:]:
@@ -303,15 +324,18 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     moves a node's file)."""
     text = path.read_text(encoding="utf-8")
     try:
-        peers = parse(json.loads(text))
+        data = json.loads(text)
+        peers = parse(data)
+        own = _fingerprint(data.get("tokenizer", ""))
     except (KeyError, TypeError) as e:
         raise ValueError(f"missing or mistyped field {e}") from e
-    return sort_rows([row(p, r.to_json(), good, faults) for p, r, good, faults in peers])
+    return sort_rows([row(p, r.to_json(), good, faults, own) for p, r, good, faults in peers])
 
 
-def row(peer: str, rec: Mapping[str, Any], good: float, faults: float) -> dict[str, Any]:
-    """A flat, JSON-safe row of one peer: counts, shares, statistics and reputation."""
-    samples = rec["samples"]
+def row(peer: str, rec: Mapping[str, Any], good: float, faults: float, own_tokenizer: str = "") -> dict[str, Any]:
+    """A flat, JSON-safe row of one peer: counts, shares, statistics, reputation, and its tokenizer
+    (`tokenizer_same`: whether it is this node's; None while either is unknown)."""
+    samples, tokenizer, crosstok = rec["samples"], rec["tokenizer"], rec["crosstok"]
     rep = Reputation(good={peer: good}, faults={peer: faults})
     stats = {name: Stat(rec[name]["count"], rec[name]["sum"], rec[name]["reservoir"]).summary()
              for name in ("reward", "kl", "is_weight")}
@@ -323,6 +347,10 @@ def row(peer: str, rec: Mapping[str, Any], good: float, faults: float) -> dict[s
         "gradient_share": rec["gradient"] / samples if samples else 0.0,
         "reward": stats["reward"], "kl": stats["kl"], "is_weight": stats["is_weight"],
         "reputation": {"good": good, "faults": faults, "weight": rep.weight(peer), "excluded": rep.excluded(peer)},
+        "tokenizer": tokenizer, "tokenizer_label": tokenizer_label(tokenizer),
+        "tokenizer_same": tokenizer == own_tokenizer if tokenizer and own_tokenizer else None,
+        "crosstok": crosstok, "crosstok_gradient": rec["crosstok_gradient"],
+        "crosstok_gradient_share": rec["crosstok_gradient"] / crosstok if crosstok else 0.0,
     }
 
 
@@ -338,7 +366,7 @@ def top_peers(rows: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     if not rest:
         return top
     other: dict[str, Any] = {"peer_id": OTHER, "peers": len(rest)}
-    for key in ("offered", "taken", "dropped", "samples", "gradient", "filtered"):
+    for key in ("offered", "taken", "dropped", "samples", "gradient", "filtered", "crosstok", "crosstok_gradient"):
         other[key] = sum(r[key] for r in rest)
     for name in ("reward", "kl", "is_weight"):
         count = sum(r[name]["count"] for r in rest)
@@ -358,6 +386,12 @@ def _num(v: Any) -> float:
 def _int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"expected a count, got {v!r}")
+    return v
+
+
+def _fingerprint(v: Any) -> str:
+    if not isinstance(v, str) or len(v) > MAX_FINGERPRINT_CHARS:
+        raise ValueError(f"expected a tokenizer fingerprint, got {str(v)[:40]!r}")
     return v
 
 

@@ -46,23 +46,38 @@ def _pair(stat: dict[str, Any], spec: str) -> str:
     return f"{stat['mean']:{spec}} / {stat['p90']:{spec}}" if stat["count"] else "-"
 
 
+def tokenizer_cell(r: dict[str, Any]) -> str:
+    """A peer's tokenizer label and whether it is this node's: 'label same', 'label other' ('-': unknown)."""
+    if not r.get("tokenizer"):
+        return "-"
+    same = r.get("tokenizer_same")
+    return r["tokenizer_label"] if same is None else f"{r['tokenizer_label']} {'same' if same else 'other'}"
+
+
+def crosstok_cell(r: dict[str, Any]) -> str:
+    """Samples from another tokenizer and the share of them that carried gradient ('0' when none)."""
+    return f"{r['crosstok']} ({r['crosstok_gradient_share']:.2f})" if r.get("crosstok") else "0"
+
+
 def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "") -> Table:
-    """One line per peer: groups taken / offered, drops (top reason), samples trained on, the shares
-    that carried gradient and were filtered, KL and IS weight (mean / p90), mean reward,
-    reputation weight (or `excluded`), and when it was last seen."""
+    """One line per peer: groups taken / offered, drops (top reason), its tokenizer (same as this
+    node's or other), samples trained on, the shares that carried gradient and were filtered,
+    samples from another tokenizer (and their share with gradient), KL and IS weight (mean / p90),
+    mean reward, reputation weight (or `excluded`), and when it was last seen."""
     table = Table(title=title or f"peer ledger: {len(rows)} peers", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("peer", "taken/offered", "dropped (top)", "samples", "grad", "filt", "kl mean/p90",
-                "w mean/p90", "reward", "rep", "seen"):
-        table.add_column(col, justify="left" if col in ("peer", "dropped (top)") else "right", no_wrap=True)
+    for col in ("peer", "taken/offered", "dropped (top)", "tokenizer", "samples", "grad", "filt", "xtok (grad)",
+                "kl mean/p90", "w mean/p90", "reward", "rep", "seen"):
+        table.add_column(col, justify="left" if col in ("peer", "dropped (top)", "tokenizer") else "right", no_wrap=True)
     for r in rows:
         reasons = r["dropped_by_reason"]
         top = max(reasons, key=lambda k: (reasons[k], k)) if reasons else None
         samples, rep = r["samples"], r["reputation"]
         table.add_row(
             r["peer_id"][:14] + ("…" if len(r["peer_id"]) > 14 else ""), f"{r['taken']}/{r['offered']}",
-            f"{r['dropped']} ({top})" if top else str(r["dropped"]), str(samples),
+            f"{r['dropped']} ({top})" if top else str(r["dropped"]), tokenizer_cell(r), str(samples),
             _fmt(r["gradient_share"] if samples else None, ".2f"), _fmt(r["filtered_share"] if samples else None, ".2f"),
+            crosstok_cell(r),
             _pair(r["kl"], ".3g"), _pair(r["is_weight"], ".3f"),
             _fmt(r["reward"]["mean"] if r["reward"]["count"] else None, ".3f"),
             "excluded" if rep["excluded"] else f"{rep['weight']:.2f}", f"{max(0.0, now - r['last_seen']):.0f}s ago",

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from swarm_node.config import SwarmConfig
 from swarm_node.health import alone_warning
+from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
 
 
 def stop_on_signals() -> threading.Event:
@@ -81,11 +82,14 @@ def connect_observer(initial_peers: Sequence[str], swarm_id: str, node_dir: Path
 
 
 def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
-    """One flat row per peer (newest record per peer), sorted by peer id."""
+    """One flat row per peer (newest record per peer), sorted by peer id. Its tokenizer: the
+    fingerprint its record names, a short label, and how many of the peers whose tokenizer is known
+    share it (`tokenizer_peers` of `tokenizer_known`)."""
     latest: dict[str, Any] = {}
     for st in statuses:
         if st.peer_id not in latest or st.timestamp > latest[st.peer_id].timestamp:
             latest[st.peer_id] = st
+    shares = tokenizer_shares({p: getattr(st, "tokenizer_fingerprint", "") for p, st in latest.items()})
     rows = []
     for peer_id in sorted(latest):
         st = latest[peer_id]
@@ -97,6 +101,9 @@ def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
             "peer_samples_used": m.get("peer_samples_used"), "filtered": m.get("filtered"),
             "tokens_per_s": m.get("tokens_per_s"), "live_peers": m.get("live_peers"),
             "warning": alone_warning(m), "metrics": dict(m),
+            "tokenizer_fingerprint": getattr(st, "tokenizer_fingerprint", ""),
+            "tokenizer": tokenizer_label(getattr(st, "tokenizer_fingerprint", "")),
+            "tokenizer_peers": shares[peer_id][0], "tokenizer_known": shares[peer_id][1],
         })
     return rows
 
@@ -105,15 +112,23 @@ def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def tokenizer_cell(r: dict[str, Any]) -> str:
+    """'label n/N': n of the N peers of known tokenizer use this one ('-' when it is unknown)."""
+    if not r.get("tokenizer_fingerprint"):
+        return "-"
+    return f"{r['tokenizer']} {r['tokenizer_peers']}/{r['tokenizer_known']}"
+
+
 def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     # No outer border (a title glued to a border reads badly in logs); a rule under the header only.
     table = Table(title=f"swarm: {len(rows)} live peers", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("peer", "model", "step", "reward", "acc", "used", "filt", "tok/s", "peers", "age"):
-        table.add_column(col, justify="left" if col in ("peer", "model") else "right")
+    for col in ("peer", "model", "tokenizer", "step", "reward", "acc", "used", "filt", "tok/s", "peers", "age"):
+        table.add_column(col, justify="left" if col in ("peer", "model", "tokenizer") else "right")
     warnings = []
     for r in rows:
-        table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], str(r["step"]), _fmt(r["reward"], ".3f"),
+        table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], tokenizer_cell(r),
+                      str(r["step"]), _fmt(r["reward"], ".3f"),
                       _fmt(r["accuracy"], ".3f"), _fmt(r["peer_samples_used"], ".0f"),
                       _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
                       f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)

@@ -3,7 +3,9 @@
 Metric names and their help texts are metrics.py's contract; this module only serves them. The
 per-peer gauges of the peer ledger (`PEER_GAUGES`, labelled `peer`) are defined here: the top K
 peers by samples taken (`metrics.prometheus_top_peers`) by id, the rest summed under `other`, so
-a swarm of any size adds at most K + 1 label values per gauge.
+a swarm of any size adds at most K + 1 label values per gauge. `ledger_peer_tokenizer` (value 1)
+names each of the top K peers' tokenizer by its short label and whether it is this node's
+(`same`: true, false or unknown): one series per shown peer, the old one removed when it changes.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from swarm_node.ledger import top_peers
+from swarm_node.ledger import OTHER, top_peers
 from swarm_node.metrics import NAME_RE, DROPPED_PREFIX, METRICS, TOTAL_DROPPED_PREFIX, as_number
 
 # name (after the prefix; `ledger_`, apart from the step metrics) -> (value of a ledger row, help text);
@@ -25,12 +27,22 @@ PEER_GAUGES: dict[str, tuple[Any, str]] = {
     "ledger_samples": (lambda r: r["samples"], "Samples of a peer trained on (filtered ones included)."),
     "ledger_samples_gradient": (lambda r: r["gradient"], "Samples of a peer that carried gradient."),
     "ledger_samples_filtered": (lambda r: r["filtered"], "Samples of a peer the filter dropped."),
+    "ledger_samples_crosstok": (lambda r: r["crosstok"], "Samples of a peer from another tokenizer (re-tokenized here)."),
+    "ledger_samples_crosstok_gradient": (lambda r: r["crosstok_gradient"],
+                                         "Samples of a peer from another tokenizer that carried gradient."),
     "ledger_kl_mean": (lambda r: r["kl"]["mean"], "Mean per-sample KL of a peer's samples (configured estimator)."),
     "ledger_is_weight_mean": (lambda r: r["is_weight"]["mean"], "Mean importance weight pi_old/pi_gen of a peer's samples."),
     "ledger_reward_mean": (lambda r: r["reward"]["mean"], "Mean reward (recomputed here) of a peer's samples."),
     "ledger_reputation_good": (lambda r: r["reputation"]["good"], "Decayed count of a peer's accepted groups."),
     "ledger_reputation_faults": (lambda r: r["reputation"]["faults"], "Decayed count of a peer's faults."),
 }
+TOKENIZER_GAUGE = "ledger_peer_tokenizer"
+TOKENIZER_HELP = "A peer's tokenizer (1): fingerprint label, and whether it is this node's (same)."
+
+
+def _tokenizer_labels(r: Mapping[str, Any]) -> tuple[str, str, str]:
+    same = r.get("tokenizer_same")
+    return r["peer_id"], r.get("tokenizer_label", "-"), "unknown" if same is None else str(bool(same)).lower()
 
 
 class PrometheusExporter:
@@ -60,6 +72,7 @@ class PrometheusExporter:
         )
         self._peer_gauges: dict[str, Any] = {}
         self._peer_labels: set[str] = set()
+        self._tokenizer_labels: set[tuple[str, str, str]] = set()  # (peer, tokenizer, same) shown
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -124,6 +137,8 @@ class PrometheusExporter:
             if not self._peer_gauges:
                 self._peer_gauges = {name: Gauge(self.PREFIX + name, help_text, ["peer"], registry=self.registry)
                                      for name, (_, help_text) in PEER_GAUGES.items()}
+                self._tokenizer_gauge = Gauge(self.PREFIX + TOKENIZER_GAUGE, TOKENIZER_HELP,
+                                              ["peer", "tokenizer", "same"], registry=self.registry)
             for gone in self._peer_labels - labels:
                 for gauge in self._peer_gauges.values():
                     gauge.remove(gone)
@@ -131,6 +146,12 @@ class PrometheusExporter:
                 for name, (value, _) in PEER_GAUGES.items():
                     self._peer_gauges[name].labels(peer=r["peer_id"]).set(float(value(r)))
             self._peer_labels = labels
+            tokenizers = {_tokenizer_labels(r) for r in shown if r["peer_id"] != OTHER}
+            for gone in self._tokenizer_labels - tokenizers:
+                self._tokenizer_gauge.remove(*gone)
+            for t in tokenizers:
+                self._tokenizer_gauge.labels(*t).set(1.0)
+            self._tokenizer_labels = tokenizers
 
     def __enter__(self) -> PrometheusExporter:
         self.start()

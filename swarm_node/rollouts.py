@@ -284,7 +284,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         if reason is not None:
             drops[reason] += 1
             if ledger is not None and reason != DROP_OWN_ECHO:  # this node is no peer of its own
-                ledger.record_group(group.sender, reason)
+                ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
@@ -292,6 +292,8 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             batch.crosstok_tokens += received.own_tokens if received is not None else 0
             if reason is not None:
                 drops[reason] += 1
+                if ledger is not None:
+                    ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
                 continue
             texts = [c.text for c in group.completions]
         else:
@@ -302,7 +304,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
         if verdict.rewards is None:
             drops[verdict.reason or VERIFY_BUDGET] += 1
             if ledger is not None:
-                ledger.record_group(group.sender, verdict.reason or VERIFY_BUDGET)
+                ledger.record_group(group.sender, verdict.reason or VERIFY_BUDGET, group.tokenizer_fingerprint)
             admission = getattr(parts.exchange, "admission", None)
             if verdict.blamed and admission is not None:
                 admission.record(group.sender, verdict.reason or VERIFIER_TIMEOUT)  # lowers its share
@@ -323,7 +325,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                     reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
         if ledger is not None:
-            ledger.record_group(group.sender, None)
+            ledger.record_group(group.sender, None, group.tokenizer_fingerprint)
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
     return batch

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from swarm_node import metrics as m
 from swarm_node.dashboard.sources import LedgerSource, StatusLike, StatusSource
 from swarm_node.health import alone_warning
+from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
 
 logger = logging.getLogger(__name__)
 
@@ -80,14 +81,22 @@ class SwarmHistory:
             "step": int(st.step),
             "timestamp": float(st.timestamp),
             "metrics": metrics,
+            "tokenizer_fingerprint": str(getattr(st, "tokenizer_fingerprint", "")),
+            "tokenizer": tokenizer_label(str(getattr(st, "tokenizer_fingerprint", ""))),
             "warning": alone_warning(dict(st.metrics)),
             "last_seen": now,
             "present": True,
         }
 
     def peers(self) -> list[dict[str, Any]]:
+        """The latest record of every peer seen; `tokenizer_peers` of the `tokenizer_known` peers
+        present whose tokenizer is known share its tokenizer."""
         with self._lock:
-            return [dict(v) for _, v in sorted(self._latest.items())]
+            rows = [dict(v) for _, v in sorted(self._latest.items())]
+        shares = tokenizer_shares({r["peer_id"]: r["tokenizer_fingerprint"] for r in rows if r["present"]})
+        for r in rows:
+            r["tokenizer_peers"], r["tokenizer_known"] = shares.get(r["peer_id"], (0, 0))
+        return rows
 
     def series(self) -> dict[str, dict[str, Any]]:
         with self._lock:

@@ -11,6 +11,7 @@ directories on the dashboard's machine, read from their files at each request.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
 import threading
@@ -51,6 +52,7 @@ class Status:
     timestamp: float
     metrics: Mapping[str, float] = field(default_factory=dict)
     role: str = "trainer"
+    tokenizer_fingerprint: str = ""
 
 
 class FakeStatusSource:
@@ -106,6 +108,8 @@ class SyntheticStatusSource:
     """
 
     MODELS = ("smollm2-135m", "smollm2-135m+lora", "tiny-random:128x2", "Qwen/Qwen2.5-1.5B")
+    # a made-up fingerprint per model's tokenizer: the two SmolLM2 peers share one
+    TOKENIZERS = tuple(hashlib.sha256(t.encode()).hexdigest() for t in ("smollm2", "smollm2", "tiny", "qwen2.5"))
 
     def __init__(self, n_peers: int = 2, seed: int = 0, start_time: float = 1.7e9, step_seconds: float = 12.0) -> None:
         self._rng = random.Random(seed)
@@ -142,4 +146,5 @@ class SyntheticStatusSource:
             m.dropped_name("stale"): float(r.random() < 0.2),
         }
         return Status(peer_id=peer_id, model_id=self.MODELS[i % len(self.MODELS)], step=s,
-                      timestamp=self._t0 + s * self._dt, metrics=metrics)
+                      timestamp=self._t0 + s * self._dt, metrics=metrics,
+                      tokenizer_fingerprint=self.TOKENIZERS[i % len(self.TOKENIZERS)])

@@ -267,7 +267,8 @@ class Trainer:
         `batch.stats_order`). A peer sample left unscored (no tokens: the protocol refuses non-finite
         logprobs) has no KL or weight and carries no gradient."""
         measured = dict(zip(batch.stats_order, stats.per_sample(), strict=True))
-        return [SampleStat(s.source, float(s.reward), *measured.get(i, (None, None, False, False)))
+        return [SampleStat(s.source, float(s.reward), *measured.get(i, (None, None, False, False)),
+                           crosstok=s.chunk_ids is not None)
                 for i, s in enumerate(samples) if s.is_peer]
 
     @torch.no_grad()

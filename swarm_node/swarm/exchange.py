@@ -223,12 +223,12 @@ class RolloutExchange:
         self._degraded.check(len(groups), drops)
         return groups, drops
 
-    def _drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True) -> None:
+    def _drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True, tokenizer: str = "") -> None:
         drops.add(reason)
         if verdict and self.admission is not None:
             self.admission.record(owner, reason)
         if self.ledger is not None:
-            self.ledger.record_group(owner, reason)
+            self.ledger.record_group(owner, reason, tokenizer)
 
     def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
                     exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
@@ -358,8 +358,8 @@ class RolloutExchange:
                 continue
             data = b"".join(fetched.found[d] for d in digests_c)
             reason, group = self._check_group(c, data, current, staleness)
-            if reason is not None:
-                self._drop(drops, reason, c.owner)
+            if reason is not None:  # the fingerprint of a group of its sender goes to the ledger
+                self._drop(drops, reason, c.owner, tokenizer=group.tokenizer_fingerprint if group else "")
                 continue
             self._seen_groups[(group.sender, group.prompt.index, group.policy_version)] = c.window
             if self.admission is not None:
@@ -369,6 +369,7 @@ class RolloutExchange:
 
     def _check_group(self, c: _Candidate, data: bytes, current: int,
                      staleness: int) -> tuple[str | None, RolloutGroup | None]:
+        """(None, group) when it is taken, else (reason, the group when it decoded and is its sender's)."""
         if len(data) != c.entry.size:
             return INDEX_MISMATCH, None
         try:
@@ -382,21 +383,21 @@ class RolloutExchange:
         self.tokenizers.note(group.tokenizer_fingerprint, self.transport.dht_time())
         reasons = validate_group(group, self.limits)
         if reasons:
-            return reasons[0], None
+            return reasons[0], group
         age = self._age_reason(group.created_at, current, staleness)
         if age is not None:
-            return age, None
+            return age, group
         claimed = (c.entry.prompt_index, c.entry.policy_version, c.entry.created_at)
         if (group.prompt.index, group.policy_version, group.created_at) != claimed:
-            return INDEX_MISMATCH, None
+            return INDEX_MISMATCH, group
         if (group.sender, group.prompt.index, group.policy_version) in self._seen_groups:
-            return DUPLICATE, None
+            return DUPLICATE, group
         if self.group_filter is not None:
             extra = self.group_filter(group)
             if extra is not None:
-                return extra, None
+                return extra, group
         refused = self.admission.group_reason(group, c.window) if self.admission is not None else None
-        return (refused, None) if refused is not None else (None, group)
+        return (refused, group) if refused is not None else (None, group)
 
     def _forget_before(self, oldest_window: int) -> None:
         """Bound the duplicate memory: entries of windows no longer read can be forgotten."""

@@ -5,11 +5,16 @@ tokenizer than this node's is among them.
 
 A fingerprint is a peer's claim: a peer can make this node send text (about 2 bytes a token more)
 by announcing another one, nothing else. Memory is bounded (`MAX_FINGERPRINTS`, oldest forgotten).
+
+Observers (`swarm-node status`, the dashboard, the peer ledger's views) show a fingerprint by its
+short label (`tokenizer_label`) and how many peers share it (`tokenizer_shares`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import Counter
+from collections.abc import Mapping
 
 MAX_FINGERPRINTS = 64
 
@@ -48,3 +53,19 @@ class TokenizerCensus:
                 return False
             self._statuses_read_at = now
             return True
+
+
+LABEL_CHARS = 8  # a fingerprint's label: its first hex digits, enough to tell a swarm's tokenizers apart
+
+
+def tokenizer_label(fingerprint: str) -> str:
+    """A short label of a tokenizer fingerprint for tables ("-" when none is known)."""
+    return fingerprint[:LABEL_CHARS] if fingerprint else "-"
+
+
+def tokenizer_shares(fingerprints: Mapping[str, str]) -> dict[str, tuple[int, int]]:
+    """Per peer (peer -> fingerprint, "" when unknown): (peers on its tokenizer, peers whose
+    tokenizer is known); (0, known) for a peer of unknown tokenizer."""
+    counts = Counter(fp for fp in fingerprints.values() if fp)
+    known = sum(counts.values())
+    return {peer: (counts[fp] if fp else 0, known) for peer, fp in fingerprints.items()}

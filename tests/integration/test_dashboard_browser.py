@@ -119,11 +119,12 @@ def test_dashboard_shows_the_peer_ledger_of_a_local_node(tmp_path):
     from swarm_node.dashboard import LedgerSource
     from swarm_node.ledger import FILE_NAME, PeerLedger, SampleStat
 
-    ledger = PeerLedger(tmp_path / "node" / FILE_NAME)
+    own, other = "a1" * 32, "c2" * 32  # tokenizer fingerprints: the second peer's is another one
+    ledger = PeerLedger(tmp_path / "node" / FILE_NAME, own_tokenizer=own)
     for i, peer in enumerate(["12D3KooWLedgerPeerOne", "12D3KooWLedgerPeerTwo"]):
-        ledger.record_group(peer, None)
+        ledger.record_group(peer, None, [own, other][i])
         ledger.record_group(peer, "stale")
-        ledger.record_samples([SampleStat(peer, 1.0, 0.2, 1.0, False, True)] * (2 - i))
+        ledger.record_samples([SampleStat(peer, 1.0, 0.2, 1.0, False, True, crosstok=i == 1)] * (2 - i))
     ledger.save()
     src = SyntheticStatusSource(n_peers=1, seed=3)
     with DashboardServer(src, host="127.0.0.1", port=0, poll_interval_s=0.2,

@@ -95,14 +95,21 @@ def test_three_heterogeneous_nodes_train_together(swarm):
 
 
 def test_other_tokenizer_is_skipped_with_reason(swarm):
+    """With swarm.cross_tokenizer off, another tokenizer's groups are dropped with that reason even
+    when they carry text (tests/integration/test_cross_tokenizer.py has it on)."""
     _, make = swarm
     odd = make("other-tokenizer", "tiny-random:64x1:b")
     # Caps high enough that every fresh group in the swarm is fetched, the odd node's included.
     honest = make("honest-a", "tiny-random:64x1:a",
-                  ["swarm.max_groups_per_peer=64", "swarm.max_peer_groups_per_step=256", "swarm.max_peer_fraction=1.0"])
+                  ["swarm.max_groups_per_peer=64", "swarm.max_peer_groups_per_step=256", "swarm.max_peer_fraction=1.0",
+                   "swarm.cross_tokenizer=false"])
     odd.run_step()
     m = honest.run_step()
-    assert m.get("dropped_tokenizer_mismatch", 0) >= 1
+    assert m.get("dropped_tokenizer_mismatch", 0) >= 1 and m.get("crosstok_samples", 0) == 0
+    # The peer ledger names the odd node's tokenizer as another one, and why its groups were dropped.
+    row = next(r for r in honest.parts.ledger.rows() if r["peer_id"] == odd.parts.peer_id)
+    assert row["tokenizer"] == odd.parts.policy.fingerprint and row["tokenizer_same"] is False
+    assert row["dropped_by_reason"].get("tokenizer_mismatch", 0) >= 1 and row["crosstok"] == 0
 
 
 def _valid_group(node: Node, sender: str, index: int, policy_version: int, now: float, **completion_kw) -> RolloutGroup:

@@ -129,3 +129,18 @@ def test_conversion_counts_in_the_peer_budgets(parts: Any) -> None:
     drops = Counter()
     assert rollouts.peer_samples(parts, [g], 4, drops, step=0, verifier=spent).samples == []
     assert drops == Counter({VERIFY_BUDGET: 1})
+
+
+def test_the_ledger_records_each_senders_tokenizer_and_conversion_drops(parts: Any) -> None:
+    from swarm_node.ledger import PeerLedger
+
+    ledger = PeerLedger(None, own_tokenizer=parts.policy.fingerprint)
+    with_ledger = SimpleNamespace(**{**vars(parts), "ledger": ledger})
+    broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]
+    drops: Counter[str] = Counter()
+    rollouts.peer_samples(with_ledger, [group(parts, [completion(t) for t in TEXTS]), group(parts, broken)], 4,
+                          drops, step=0)
+    (row,) = ledger.rows()
+    assert row["peer_id"] == "peer-a" and row["tokenizer"] == tokenizer_fingerprint(SENDER)
+    assert row["tokenizer_same"] is False
+    assert (row["offered"], row["taken"], row["dropped_by_reason"]) == (2, 1, {"piece_bytes": 1})

@@ -95,9 +95,12 @@ def test_foreign_samples_train_the_receiver_through_their_chunks(cache: Path, se
     before = logprob()
     # two random models over different vocabularies: chunk KLs are far above the default g
     cfg = ObjectiveConfig(variant="f-tis", kl_threshold=1e12)
-    metrics = Trainer(receiver, TrainConfig(learning_rate=1e-3), cfg, 1.0).step(samples)
+    trainer = Trainer(receiver, TrainConfig(learning_rate=1e-3), cfg, 1.0)
+    metrics = trainer.step(samples)
     assert metrics["crosstok_samples"] == 2 and metrics["peer_samples"] == 2
     assert (metrics["crosstok_tokens_per_chunk"] == 1.0) == one_per_chunk and metrics["optimizer_steps"] == 1
     assert np.isfinite(metrics["loss"]) and metrics["is_weight_peer_mean"] > 0
     assert metrics["filtered_nonpositive_advantage"] == 1  # the 0-reward foreign sample
     assert logprob() > before  # the positive-advantage foreign sample became likelier
+    # What the peer ledger counts: both came from another tokenizer, the rewarded one carried gradient.
+    assert [(s.crosstok, s.gradient) for s in trainer.peer_sample_stats] == [(True, True), (True, False)]

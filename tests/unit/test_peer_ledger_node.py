@@ -38,15 +38,20 @@ def test_ledger_attributes_the_steps_numbers_to_the_sender(tmp_path):
     assert a.parts.ledger is not None and "B" in a.parts.ledger
 
 
-def test_drops_are_attributed_to_the_sender(tmp_path):
+@pytest.mark.parametrize("cross_tokenizer", ["true", "false"])
+def test_drops_are_attributed_to_the_sender(tmp_path, cross_tokenizer):
+    """Groups without text (on) or any group (off) of another tokenizer: dropped, the sender's
+    tokenizer named (the exchange drops them when off, rollouts.py when on)."""
     swarm = MemorySwarm()
-    other = make_node(tmp_path, swarm, "B", model="tiny-random:64x1:b")  # another tokenizer
-    a = make_node(tmp_path, swarm, "A")
+    other = make_node(tmp_path, swarm, "B", model="tiny-random:64x1:b",  # another tokenizer
+                      extra=['swarm.send_text="never"'])
+    a = make_node(tmp_path, swarm, "A", extra=[f"swarm.cross_tokenizer={cross_tokenizer}"])
     other.run_step()
     m = a.run_step()
     row = _rows(a)["B"]
-    assert row["taken"] == 0 and row["samples"] == 0
+    assert row["taken"] == 0 and row["samples"] == 0 and row["crosstok"] == 0
     assert row["dropped_by_reason"] == {"tokenizer_mismatch": m["dropped_tokenizer_mismatch"]}
+    assert row["tokenizer"] == other.parts.policy.fingerprint and row["tokenizer_same"] is False
 
 
 def test_restart_mid_run_keeps_counts_and_reputation(tmp_path):

@@ -11,7 +11,7 @@ from prometheus_client import generate_latest
 
 from swarm_node.dashboard import DashboardServer, FakeStatusSource, LedgerSource
 from swarm_node.ledger import FILE_NAME, PeerLedger, SampleStat
-from swarm_node.prometheus import PEER_GAUGES, PrometheusExporter
+from swarm_node.prometheus import PEER_GAUGES, TOKENIZER_GAUGE, PrometheusExporter
 from tests.cli_run import _restore_signals, run  # noqa: F401  (fixture)
 
 PEER_A = "12D3KooWAlphaPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -88,9 +88,11 @@ def test_prometheus_exports_the_top_k_peers_and_other():
     exporter = PrometheusExporter("127.0.0.1:0")  # never started: the registry is read directly
     exporter.update_peers(ledger.rows(), 5)
     labels = _peer_label_values(exporter)
+    tokenizer = labels.pop("swarm_node_" + TOKENIZER_GAUGE)
     assert set(labels) == {"swarm_node_" + name for name in PEER_GAUGES}
     expected = {"peer39", "peer38", "peer37", "peer36", "peer35", "other"}
     assert all(v == expected for v in labels.values())
+    assert tokenizer == expected - {"other"}  # `other` sums peers of any tokenizer
     text = generate_latest(exporter.registry).decode()
     assert 'swarm_node_ledger_samples{peer="peer39"} 40.0' in text
     assert f'swarm_node_ledger_samples{{peer="other"}} {float(sum(range(1, 36)))}' in text
@@ -99,6 +101,7 @@ def test_prometheus_exports_the_top_k_peers_and_other():
         ledger.record_samples([SampleStat(f"peer{i:02d}", 1.0, 0.1, 1.0, False, True)] * 100)
     exporter.update_peers(ledger.rows(), 5)
     labels = _peer_label_values(exporter)
+    assert len(labels.pop("swarm_node_" + TOKENIZER_GAUGE)) == 5
     assert all(len(v) == 6 and "peer39" not in v and "other" in v for v in labels.values())
 
 

@@ -27,6 +27,18 @@ function colorFor(peer) {
 
 function shortId(peer) { return peer.length > 14 ? `${peer.slice(0, 6)}…${peer.slice(-6)}` : peer; }
 
+// A tokenizer: its fingerprint's label and how many of the peers of known tokenizer share it.
+function tokenizerCell(p) {
+  if (!p.tokenizer_fingerprint) return "–";
+  return p.tokenizer_known ? `${p.tokenizer} ${p.tokenizer_peers}/${p.tokenizer_known}` : p.tokenizer;
+}
+
+// A ledger peer's tokenizer: its label, and whether it is the local node's.
+function ledgerTokenizer(r) {
+  if (!r.tokenizer) return "–";
+  return r.tokenizer_same === null ? r.tokenizer_label : `${r.tokenizer_label} (${r.tokenizer_same ? "same" : "other"})`;
+}
+
 function fmt(v, digits) {
   if (v === null || v === undefined) return "–";
   return Number(v).toFixed(digits === undefined ? 3 : digits);
@@ -72,7 +84,7 @@ function drawTable(peers, serverTime) {
     // dropped_<reason> counts one step; total_dropped_<reason> since the node started
     const drops = Object.entries(m).filter(([k]) => k.startsWith("total_dropped_")).reduce((a, [, v]) => a + (v || 0), 0);
     const cells = [
-      shortId(p.peer_id), p.model_id, p.step, fmt(m.reward_mean), fmt(m.accuracy),
+      shortId(p.peer_id), p.model_id, tokenizerCell(p), p.step, fmt(m.reward_mean), fmt(m.accuracy),
       fmt(m.own_samples, 0), fmt(m.peer_samples_used, 0),
       `${fmt(m.filtered_nonpositive_advantage, 0)} / ${fmt(m.filtered_kl, 0)}`, fmt(drops, 0),
       fmt(m.tokens_per_s, 1), p.warning ? `${fmt(m.live_peers, 0)} ⚠ ${p.warning}` : fmt(m.live_peers, 0),
@@ -99,15 +111,17 @@ function drawTable(peers, serverTime) {
   }
 }
 
-const LEDGER_COLUMNS = ["peer", "taken / offered", "dropped (top reason)", "samples", "gradient", "filtered",
-  "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation", "last seen"];
+const LEDGER_COLUMNS = ["peer", "taken / offered", "dropped (top reason)", "tokenizer", "samples", "gradient",
+  "filtered", "cross-tok", "x-tok grad", "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation",
+  "last seen"];
 
 function ledgerCells(r, serverTime) {
   const reasons = Object.entries(r.dropped_by_reason).sort((a, b) => b[1] - a[1]);
   const has = (s) => s.count > 0;
   return [
     shortId(r.peer_id), `${r.taken} / ${r.offered}`, reasons.length ? `${r.dropped} (${reasons[0][0]})` : String(r.dropped),
-    r.samples, r.samples ? fmt(r.gradient_share, 2) : "–", r.samples ? fmt(r.filtered_share, 2) : "–",
+    ledgerTokenizer(r), r.samples, r.samples ? fmt(r.gradient_share, 2) : "–", r.samples ? fmt(r.filtered_share, 2) : "–",
+    r.crosstok, r.crosstok ? fmt(r.crosstok_gradient_share, 2) : "–",
     has(r.kl) ? fmt(r.kl.mean) : "–", has(r.kl) ? fmt(r.kl.p90) : "–",
     has(r.is_weight) ? fmt(r.is_weight.mean) : "–", has(r.is_weight) ? fmt(r.is_weight.p90) : "–",
     has(r.reward) ? fmt(r.reward.mean) : "–", r.reputation.excluded ? "excluded" : fmt(r.reputation.weight, 2),
