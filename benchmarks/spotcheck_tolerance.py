@@ -55,6 +55,10 @@ def main() -> None:
     ap.add_argument("--task", default="arithmetic", choices=["gsm8k", "arithmetic"])
     ap.add_argument("--source", default="../shared/data/gsm8k/test.jsonl")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warm-steps", type=int, default=0,
+                    help="warm tiny-random models first (swarm_node.experiment.warmup, level-1 arithmetic): sharper "
+                         "distributions than random ones")
+    ap.add_argument("--cache", default=None, help="where warmed models are kept (default: a temporary directory)")
     args = ap.parse_args()
 
     import torch
@@ -75,9 +79,19 @@ def main() -> None:
     def render(tok, p):
         return render_prompt(tok, p.question, task.system_prompt, task.worked_example)
 
+    models = args.model or ["tiny-random:128x2"]
+    if args.warm_steps:
+        import tempfile
+        from pathlib import Path
+
+        from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model
+
+        cache = Path(args.cache or tempfile.mkdtemp(prefix="spotcheck-warm-"))
+        models = [str(ensure_warm_model(WarmupSpec(base=m, levels=(1,), steps=args.warm_steps), cache, log=lambda _: None))
+                  if m.startswith("tiny-random:") else m for m in models]
     results, all_values = [], []
     with Timer() as total:
-        for model in args.model or ["tiny-random:128x2"]:
+        for model in models:
             for gen_dtype in args.gen_dtype.split(","):
                 gen_policy = load_policy(ModelConfig(name=model, device="cpu", dtype=gen_dtype))
                 gen_cfg = GenerationConfig(group_size=args.group_size, max_new_tokens=args.max_new_tokens,

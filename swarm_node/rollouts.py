@@ -9,7 +9,8 @@ non-finite step) go to the node's reject list and stay refused across restarts.
 
 The protocol layer has already checked structure and limits (`protocol.validate`, in the
 exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
-against the node's own copy of the prompt set, and the reward, which is always recomputed.
+against the node's own copy of the prompt set, the sender's logprobs when this node holds the model
+the group declares (`swarm_node.spotcheck`: `logprob_mismatch`), and the reward, always recomputed.
 
 A group from another tokenizer (its fingerprint differs) is taken when `swarm.cross_tokenizer` is on
 (the default) and it carries every completion's text and piece byte lengths: it is converted to this
