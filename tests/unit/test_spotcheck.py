@@ -196,3 +196,32 @@ def test_a_lora_node_declares_its_current_adapter(tmp_path) -> None:
     node.run_step()
     assert policy.trained and policy.declared_revision == ""  # the base did not move; the adapter did
     assert policy.adapter_digest != before and len(policy.adapter_digest) == 64
+
+
+def _gradient_weight(theta: torch.Tensor, gen: torch.Tensor, cfg: Any) -> float:
+    from swarm_node.objective import ObjectiveInputs, objective_loss
+
+    t = theta.clone()[None].requires_grad_(True)
+    n = theta.shape[0]
+    inputs = ObjectiveInputs(trainer_logprobs=t, step_start_logprobs=theta[None].clone(), generator_logprobs=gen[None],
+                             mask=torch.ones(1, n, dtype=torch.bool), advantages=torch.tensor([1.0], dtype=torch.float64),
+                             is_peer=torch.tensor([True]), sample_weights=torch.tensor([1.0], dtype=torch.float64))
+    loss, _ = objective_loss(inputs, cfg)
+    loss.backward()
+    return float(t.grad.abs().sum())
+
+
+def test_an_unchecked_forger_weighs_at_most_c_times_an_honest_sample() -> None:
+    """Without a reference, forged logprobs are bounded by the F-TIS cap C and the KL filter only."""
+    from swarm_node.config import ObjectiveConfig
+
+    cfg = ObjectiveConfig()
+    torch.manual_seed(0)
+    theta = -torch.rand(24, dtype=torch.float64) * 3.0 - 0.05
+    honest = _gradient_weight(theta, theta.clone(), cfg)
+    assert honest > 0
+    ratios = {v: _gradient_weight(theta, torch.full_like(theta, v), cfg) / honest for v in (-50.0, -20.0, -5.0, -1.0, 0.0)}
+    ratios["just_at_c"] = _gradient_weight(theta, theta - math.log(cfg.truncation_c), cfg) / honest
+    assert all(r <= cfg.truncation_c + 1e-9 for r in ratios.values())
+    assert ratios["just_at_c"] == pytest.approx(cfg.truncation_c)  # the most a forger gets: every weight at C
+    assert ratios[-50.0] == 0.0  # the floor forgery's KL is far over g: filtered
