@@ -8,7 +8,9 @@ vLLM backend, which needs vLLM installed) with the model in each `--gen-dtype`, 
 receiver does (`swarm_node.spotcheck`: `--positions` positions of `--completions` completions, at
 the group's declared temperature) by the same model loaded in each `--score-dtype`. Reports, per
 (model, generation dtype, scoring dtype), the distribution of the per-group median exp(|delta|) - 1
-(median, p99, max) and how many groups exceed `--tolerance` (honest false positives).
+(median, p99, max), how many groups exceed `--tolerance` (honest false positives), and how many
+forged copies of the same groups the same check catches (`forged_detected`: logprobs lowered by
+log 2 = log C, the most a forger gains, and by log 1.5; set to 0; set to the floor -50).
 
 Prints one JSON object as its last line.
 """
@@ -68,7 +70,7 @@ def main() -> None:
     from swarm_node.config_spotcheck import DEFAULT_TOLERANCE
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
-    from swarm_node.spotcheck import group_mismatch, sample_positions
+    from swarm_node.spotcheck import mismatch, recompute, sample_positions
     from swarm_node.tasks import load_prompt_set, render_prompt
 
     tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE
@@ -107,18 +109,24 @@ def main() -> None:
                 for score_dtype in args.score_dtype.split(","):
                     ref = load_policy(ModelConfig(name=model, device="cpu", dtype=score_dtype))
                     rng = random.Random(args.seed)
-                    values = []
+                    values, forged = [], {"amplify_c": 0, "amplify_1.5": 0, "zero": 0, "floor": 0}
                     with Timer() as t_score:
                         for _p, prompt, g in groups:
                             picked = sample_positions([len(c.token_ids) for c in g.completions], len(prompt),
                                                       args.positions, args.completions, 1 << 30, rng)
-                            values.append(group_mismatch(ref.model, prompt, g, picked))
+                            declared, ours = recompute(ref.model, prompt, g, picked)
+                            values.append(mismatch(declared, ours))
+                            d = np.asarray(declared)  # the same positions, forged: detected when over the tolerance
+                            for kind, fake in (("amplify_c", d - np.log(2.0)), ("amplify_1.5", d - np.log(1.5)),
+                                               ("zero", np.zeros_like(d)), ("floor", np.full_like(d, -50.0))):
+                                forged[kind] += int(mismatch(fake, ours) > tolerance)
                     v = np.asarray(values)
                     all_values += values
                     results.append({
                         "model": model, "gen_dtype": gen_dtype, "score_dtype": score_dtype, "groups": len(v),
                         "median": float(np.median(v)), "p99": float(np.quantile(v, 0.99)), "max": float(v.max()),
-                        "false_positives": int((v > tolerance).sum()), "gen_seconds": t_gen.seconds,
+                        "false_positives": int((v > tolerance).sum()), "forged_detected": forged,
+                        "gen_seconds": t_gen.seconds,
                         "score_seconds": t_score.seconds})
                     print(results[-1], flush=True)
     worst = max(r["max"] for r in results)
