@@ -225,3 +225,32 @@ def test_an_unchecked_forger_weighs_at_most_c_times_an_honest_sample() -> None:
     assert all(r <= cfg.truncation_c + 1e-9 for r in ratios.values())
     assert ratios["just_at_c"] == pytest.approx(cfg.truncation_c)  # the most a forger gets: every weight at C
     assert ratios[-50.0] == 0.0  # the floor forgery's KL is far over g: filtered
+
+
+def test_a_listed_reference_checks_after_training_and_a_node_step_counts_the_drop(tmp_path) -> None:
+    """End to end: a forger publishing the declared base model's groups with logprobs at the floor,
+    and a receiver whose own model is already trained but who lists the base as a reference."""
+    from tests.unit.test_poison_numerics import _tamper_logprobs
+
+    swarm = MemorySwarm()
+    evil = make_node(tmp_path, swarm, "evil")
+    _tamper_logprobs(evil, -50.0)
+    honest = make_node(tmp_path, swarm, "honest", extra=['swarm.spot_check.reference_models=["tiny-random:64x1:a"]'])
+    honest.parts.policy.weights_changed()  # as after a step: its own model is no reference any more
+    refs = honest.parts.spot_checker.references
+    assert len(refs) == 2 and not refs[0].active() and refs[1].model is not honest.parts.policy.model
+    assert not any(p.requires_grad for p in refs[1].model.parameters())
+    evil.run_step()
+    m = honest.run_step()
+    assert m["dropped_logprob_mismatch"] >= 1 and m["spot_mismatch"] == m["dropped_logprob_mismatch"]
+    assert m["peer_groups"] == 0 and m["spot_unchecked"] == 0
+    assert honest.parts.exchange.admission.reputation.faults["evil"] >= 1
+
+
+def test_honest_nodes_on_one_model_pass_each_others_checks(tmp_path) -> None:
+    swarm = MemorySwarm()
+    a, b = make_node(tmp_path, swarm, "A"), make_node(tmp_path, swarm, "B")
+    a.run_step()  # A's step-0 groups declare the untrained base; B is untrained when it gathers them
+    m = b.run_step()
+    assert m["spot_checked"] >= 1 and m["peer_groups"] == m["spot_checked"]
+    assert m.get("dropped_logprob_mismatch", 0.0) == 0.0 and m["spot_mismatch"] == 0.0
