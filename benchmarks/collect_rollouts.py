@@ -53,7 +53,8 @@ def main() -> None:
             texts = [("", ())] * len(group)
         groups.append(RolloutGroup(
             swarm_id="bench", sender="QmBenchmarkSender", model_id=policy.model_id,
-            model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint, policy_version=0,
+            model_revision=policy.declared_revision, adapter_digest=policy.adapter_digest,
+            tokenizer_fingerprint=policy.fingerprint, policy_version=0,
             created_at=0.0, prompt=PromptRef(prompt_set_id=prompt_set.id, index=p.index, sha256=p.sha256),
             sampling=sampling,
             completions=tuple(Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,

@@ -6,7 +6,7 @@ length and count and raising ProtocolError with the field path. The protocol ver
 the frame header, not in the body.
 
 Bodies (version 2; version 1 differs where noted):
-    RolloutGroup      [swarm_id, sender, model_id, model_revision, tokenizer_fingerprint,
+    RolloutGroup      [swarm_id, sender, model_id, model_revision, adapter_digest, tokenizer_fingerprint,
                        policy_version, created_at, [prompt_set_id, index, sha256],
                        [temperature, top_p, max_new_tokens],
                        [[n_tokens, n_logprobs, finish_reason, claimed_reward], ...],
@@ -15,7 +15,7 @@ Bodies (version 2; version 1 differs where noted):
                       completion head gains [..., n_text_bytes, n_pieces] and the body two fields:
                        text_bytes (UTF-8, all completions' texts concatenated),
                        piece_bytes (<u2, all completions' piece lengths concatenated)
-                      so a group without text has exactly the version-1 body.
+                      Version 1: without adapter_digest and never with text (12 fields).
     RolloutIndex      [sender, window, [[[digest, ...], size, prompt_index, policy_version, created_at], ...]]
     NodeStatus        [peer_id, role, model_id, step, timestamp, [maddr, ...], {metric: value},
                        tokenizer_fingerprint]  (version 1: without tokenizer_fingerprint)
@@ -107,9 +107,10 @@ def unshuffle(buf: bytes, dtype: str, width: int = 4) -> np.ndarray:
     return planes.T.copy().view(dtype).reshape(-1)
 
 
-GROUP_FIELDS = 12  # a group body without text
-GROUP_FIELDS_WITH_TEXT = 14
-TAIL_WIDTHS = {GROUP_FIELDS: (4, 4), GROUP_FIELDS_WITH_TEXT: (4, 4, 1, 2)}
+GROUP_FIELDS_V1 = 12  # a version-1 group body (no adapter digest, no text)
+GROUP_FIELDS = 13  # a version-2 group body without text
+GROUP_FIELDS_WITH_TEXT = 15
+TAIL_WIDTHS = {GROUP_FIELDS_V1: (4, 4), GROUP_FIELDS: (4, 4), GROUP_FIELDS_WITH_TEXT: (4, 4, 1, 2)}
 """Item widths of the byte strings that end a group body of each length (tokens, logprobs[, text,
 pieces]): the codec ends a zstd block at each byte plane of them (width 1: one plane)."""
 
@@ -200,9 +201,15 @@ def _group_to_wire(g: RolloutGroup, limits: Limits, shuffle: bool) -> list[Any]:
     p, sp = g.prompt, g.sampling
     if not isinstance(p, PromptRef) or not isinstance(sp, SamplingParams):
         raise ProtocolError("prompt must be a PromptRef and sampling a SamplingParams")
+    adapter = [_str(g.adapter_digest, "adapter_digest", s)]
+    if g.protocol_version == 1:
+        if adapter[0]:
+            raise ProtocolError("a version-1 group cannot carry an adapter digest")
+        adapter = []
     return [
         _str(g.swarm_id, "swarm_id", s), _str(g.sender, "sender", s), _str(g.model_id, "model_id", s),
-        _str(g.model_revision, "model_revision", s), _str(g.tokenizer_fingerprint, "tokenizer_fingerprint", s),
+        _str(g.model_revision, "model_revision", s), *adapter,
+        _str(g.tokenizer_fingerprint, "tokenizer_fingerprint", s),
         _int(g.policy_version, "policy_version"), _float(g.created_at, "created_at", False),
         [_str(p.prompt_set_id, "prompt_set_id", s), _int(p.index, "prompt index"), _str(p.sha256, "sha256", s)],
         [_float(sp.temperature, "temperature", False), _float(sp.top_p, "top_p", False),
@@ -274,11 +281,13 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
 
 def _group_from_wire(obj: Any, version: int, limits: Limits, shuffled: bool) -> RolloutGroup:
     s = limits.max_string_len
-    body = _seq(obj, "RolloutGroup", GROUP_FIELDS_WITH_TEXT)
+    body = list(_seq(obj, "RolloutGroup", GROUP_FIELDS_WITH_TEXT))
     with_text = version != 1 and len(body) == GROUP_FIELDS_WITH_TEXT
+    exact = GROUP_FIELDS_V1 if version == 1 else GROUP_FIELDS_WITH_TEXT if with_text else GROUP_FIELDS
+    _seq(body, "RolloutGroup", GROUP_FIELDS_WITH_TEXT, exact=exact)
+    adapter = body.pop(4) if version != 1 else ""
     (swarm_id, sender, model_id, revision, fingerprint, policy_version, created_at,
-     prompt, sampling, heads, tok_bytes, lp_bytes, *text_fields) = _seq(
-        body, "RolloutGroup", GROUP_FIELDS_WITH_TEXT, exact=GROUP_FIELDS_WITH_TEXT if with_text else GROUP_FIELDS)
+     prompt, sampling, heads, tok_bytes, lp_bytes, *text_fields) = body
     ps_id, index, sha = _seq(prompt, "prompt", 3, exact=3)
     temperature, top_p, max_new = _seq(sampling, "sampling", 3, exact=3)
     sizes, cap = [], limits.max_tokens_per_completion
@@ -312,6 +321,7 @@ def _group_from_wire(obj: Any, version: int, limits: Limits, shuffled: bool) -> 
     return RolloutGroup(
         protocol_version=version, swarm_id=_str(swarm_id, "swarm_id", s), sender=_str(sender, "sender", s),
         model_id=_str(model_id, "model_id", s), model_revision=_str(revision, "model_revision", s),
+        adapter_digest=_str(adapter, "adapter_digest", s),
         tokenizer_fingerprint=_str(fingerprint, "tokenizer_fingerprint", s),
         policy_version=_int(policy_version, "policy_version"), created_at=_float(created_at, "created_at", True),
         prompt=PromptRef(prompt_set_id=_str(ps_id, "prompt_set_id", s), index=_int(index, "prompt index"),

@@ -17,8 +17,9 @@ import numpy as np
 PROTOCOL_VERSION = 2
 """The version this code writes. Every message carries it; a node refuses other versions.
 
-Version 2 added a completion's `text` and `piece_bytes` (cross-tokenizer exchange) and a status
-record's `tokenizer_fingerprint`. A version-1 decoder would refuse those bodies as malformed (its
+Version 2 added a completion's `text` and `piece_bytes` (cross-tokenizer exchange), a group's
+`adapter_digest` (the declared model, for logprob spot-checks) and a status record's
+`tokenizer_fingerprint`. A version-1 decoder would refuse those bodies as malformed (its
 field counts are exact), not misread them; the version says which layout a body has, so a node
 that does not know it refuses it as `bad_version` rather than as garbage."""
 
@@ -180,15 +181,22 @@ class RolloutGroup(_WireEq):
     (the sender's slot k of that window; see swarm_node/swarm/binding.py and docs/architecture.md,
     "Prompt binding"), and the group is listed in the sender's index of that window. `policy_version` is the sender's step; it is
     informational and does not enter the prompt assignment.
+
+    The declared model (`model_id`, `model_revision`, `adapter_digest`) names the exact weights
+    that generated the group: an honest sender whose base weights were changed by training appends
+    "+trained" to the base revision, and a LoRA sender declares the digest of its current adapter
+    (`swarm_node.policy.models.Policy`). A receiver holding those weights may recompute some
+    logprobs (`swarm_node.spotcheck`); validate checks the digest's form (`bad_adapter_digest`).
     """
 
     protocol_version: int = PROTOCOL_VERSION
     swarm_id: str
     sender: str  # peer id (base58 string)
     model_id: str
-    model_revision: str
+    model_revision: str  # the base revision, with "+trained" appended once the sender's base weights moved
     tokenizer_fingerprint: str
     policy_version: int  # >= 0
+    adapter_digest: str = ""  # version 2: sha256 hex of the sender's current LoRA adapter weights; "" without one
     created_at: float
     prompt: PromptRef
     sampling: SamplingParams

@@ -40,6 +40,7 @@ UNSUPPORTED_TEMPERATURE = "unsupported_temperature"
 BAD_FINISH_REASON = "bad_finish_reason"
 BAD_SAMPLING = "bad_sampling"
 BAD_PROMPT_REF = "bad_prompt_ref"
+BAD_ADAPTER_DIGEST = "bad_adapter_digest"  # neither "" nor 64 lowercase hex
 BAD_TIMESTAMP = "bad_timestamp"
 BAD_POLICY_VERSION = "bad_policy_version"
 WRONG_SWARM = "wrong_swarm"
@@ -64,7 +65,7 @@ WRONG_OWNER = "wrong_owner"
 GROUP_REASONS = (
     BAD_VERSION, EMPTY_GROUP, GROUP_TOO_SMALL, GROUP_TOO_LARGE, EMPTY_COMPLETION, TOO_MANY_TOKENS, TOKEN_OUT_OF_VOCAB,
     LENGTH_MISMATCH, LOGPROB_NONFINITE, LOGPROB_POSITIVE, LOGPROB_BELOW_FLOOR, BAD_FINISH_REASON, BAD_SAMPLING,
-    UNSUPPORTED_TOP_P, UNSUPPORTED_TEMPERATURE, BAD_PROMPT_REF, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
+    UNSUPPORTED_TOP_P, UNSUPPORTED_TEMPERATURE, BAD_PROMPT_REF, BAD_ADAPTER_DIGEST, BAD_TIMESTAMP, BAD_POLICY_VERSION, WRONG_SWARM, TOKENIZER_MISMATCH,
     TEXT_INVALID_UTF8, TEXT_PIECES_MISMATCH, TEXT_TOO_LONG, TEXT_FORBIDDEN_CHAR, TEXT_PARTIAL,
 )
 STATUS_REASONS = (
@@ -163,6 +164,8 @@ def validate_group(group: RolloutGroup, limits: ValidationLimits) -> list[str]:
     p, s = group.prompt, group.sampling
     if not (isinstance(p.index, int) and p.index >= 0 and isinstance(p.sha256, str) and _HEX64.fullmatch(p.sha256)):
         _add(reasons, BAD_PROMPT_REF)
+    if not (isinstance(group.adapter_digest, str) and (group.adapter_digest == "" or _HEX64.fullmatch(group.adapter_digest))):
+        _add(reasons, BAD_ADAPTER_DIGEST)
     if not (_finite(s.temperature) and s.temperature > 0 and _finite(s.top_p) and 0 < s.top_p <= 1
             and isinstance(s.max_new_tokens, int) and s.max_new_tokens >= 1):
         _add(reasons, BAD_SAMPLING)

@@ -155,6 +155,10 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                       sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
                       rejects=RejectList(node_dir / FILE_NAME), prompt_keeper=keeper,
                       ledger=ledger)
+    if exchange is not None:
+        from swarm_node.spotcheck import build_spot_checker
+
+        parts.spot_checker = build_spot_checker(cfg, policy, render_with(cfg))
     if dht_time is not None:
         parts.dht_time = dht_time
     if cfg.eval.problems:
@@ -166,6 +170,19 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     # Written once the node has started, so a failed start leaves the previous one in place.
     atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
     return parts, start_step
+
+
+def render_with(cfg: NodeConfig) -> Any:
+    """(tokenizer, problem) -> prompt ids under this node's task template, thread-safe: how a logprob
+    spot-check (swarm_node/spotcheck.py) renders a prompt with a reference model's tokenizer."""
+    from swarm_node.rollouts import _TOKENIZER_LOCK
+    from swarm_node.tasks import render_prompt
+
+    def render(tokenizer: Any, problem: Any) -> list[int]:
+        with _TOKENIZER_LOCK:
+            return render_prompt(tokenizer, problem.question, cfg.task.system_prompt, cfg.task.worked_example)
+
+    return render
 
 
 def start_prompt_keeper(swarm: SwarmConfig, transport: Any) -> Any | None:

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from swarm_node.config_spotcheck import SpotCheckConfig
 from swarm_node.toml_text import _to_toml, apply_override  # noqa: F401 (apply_override: importable from here too)
 
 LossVariant = Literal["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
@@ -301,6 +302,7 @@ class SwarmConfig(_Section):
     cross_tokenizer: bool = Field(
         True, description="Receiver: take peer groups of another tokenizer by re-tokenizing their text (groups "
                           "without text stay `tokenizer_mismatch`); False: drop every such group.")
+    spot_check: SpotCheckConfig = Field(default_factory=SpotCheckConfig, description="Logprob spot-checks.")
 
     @model_validator(mode="after")
     def _check_ttl(self) -> SwarmConfig:

@@ -105,6 +105,12 @@ NONFINITE_DROPPED_SAMPLES = "nonfinite_dropped_samples"
 NONFINITE_SENDERS = "nonfinite_senders"
 PEER_REWARD_SECONDS = "peer_reward_seconds"
 PEER_NEWEST_AGE_S = "peer_newest_age_s"
+SPOT_CHECKED = "spot_checked"
+SPOT_UNCHECKED = "spot_unchecked"
+SPOT_OVER_BUDGET = "spot_over_budget"
+SPOT_MISMATCH = "spot_mismatch"
+SPOT_SECONDS = "spot_seconds"
+SPOT_TOKENS = "spot_tokens"
 PROMPT_SET_RESTORES = "prompt_set_restores"
 PROMPT_SET_RESTORED_BYTES = "prompt_set_restored_bytes"
 
@@ -177,6 +183,12 @@ METRICS: dict[str, str] = {
     NONFINITE_DROPPED_SAMPLES: "Peer samples dropped from the step because its loss or gradient was non-finite.",
     NONFINITE_SENDERS: "Peers blamed for a non-finite step (their groups stay refused: dropped_rejected_before).",
     PEER_REWARD_SECONDS: "Seconds spent verifying peers' answers (capped by task.peer_reward_budget_s).",
+    SPOT_CHECKED: "Peer groups whose logprobs were spot-checked against a reference model (swarm.spot_check).",
+    SPOT_UNCHECKED: "Peer groups not spot-checked: this node holds no model equal to the one they declare.",
+    SPOT_OVER_BUDGET: "Peer groups not spot-checked: the step's spot-check token or time budget was spent.",
+    SPOT_MISMATCH: "Spot-checked peer groups dropped as logprob_mismatch.",
+    SPOT_SECONDS: "Seconds spent on logprob spot-checks (capped by swarm.spot_check.budget_s).",
+    SPOT_TOKENS: "Tokens the spot-checks' forward passes covered (capped by swarm.spot_check.max_tokens_per_step).",
     PROMPT_SET_RESTORES: "Re-stores of the seeded prompt set's records by this node in the step (prompt_keeper.py).",
     PROMPT_SET_RESTORED_BYTES: "Bytes of the seeded prompt set (chunks, manifest) this node re-stored in the step.",
     PEER_NEWEST_AGE_S: "Seconds from the creation of the newest peer group taken to the end of the step (absent without one).",

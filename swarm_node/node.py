@@ -60,6 +60,8 @@ class NodeParts:
     window_prompts: bool | None = None
     # Keeps the seeded prompt set's records alive (swarm/prompt_keeper.py, its own thread); None: none.
     prompt_keeper: Any | None = None
+    # Logprob spot-checks of peers' groups (swarm_node/spotcheck.py); None: none.
+    spot_checker: Any | None = None
 
 
 @dataclass
@@ -216,6 +218,7 @@ class Node:
             "text_groups": float(own.text_groups),
             "text_withheld": float(own.text_withheld),
             "peer_reward_seconds": peer.verify_seconds,
+            **peer.spot_metrics,
             **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
             **keeper_metrics,
             **self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,

@@ -9,7 +9,8 @@ non-finite step) go to the node's reject list and stay refused across restarts.
 
 The protocol layer has already checked structure and limits (`protocol.validate`, in the
 exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
-against the node's own copy of the prompt set, and the reward, which is always recomputed.
+against the node's own copy of the prompt set, the sender's logprobs when this node holds the model
+the group declares (`swarm_node.spotcheck`: `logprob_mismatch`), and the reward, always recomputed.
 
 A group from another tokenizer (its fingerprint differs) is taken when `swarm.cross_tokenizer` is on
 (the default) and it carries every completion's text and piece byte lengths: it is converted to this
@@ -37,6 +38,7 @@ from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParam
 from swarm_node.crosstok_receive import receive_group, train_samples
 from swarm_node.policy.pieces import completion_text
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
+from swarm_node.spotcheck import LOGPROB_MISMATCH, SpotSession
 from swarm_node.swarm.admission import OVER_TOKEN_BUDGET
 from swarm_node.tasks.base import Problem
 from swarm_node.tasks.verify import VERIFIER_TIMEOUT, VERIFY_BUDGET, PeerVerifier
@@ -88,6 +90,7 @@ class PeerBatch:
     verify_seconds: float = 0.0  # spent computing the peers' rewards
     newest_created_at: float | None = None  # DHT time the newest taken group was made
     crosstok_tokens: int = 0  # own tokens made from other tokenizers' texts (crosstok_receive), dropped included
+    spot_metrics: dict[str, float] = field(default_factory=dict)  # spotcheck.SpotSession.metrics()
 
 
 def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
@@ -152,7 +155,8 @@ def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequenc
             comps = _with_text(parts, comps, own)
         groups.append(RolloutGroup(
             swarm_id=cfg.swarm.swarm_id, sender=parts.peer_id, model_id=policy.model_id,
-            model_revision=policy.revision or "", tokenizer_fingerprint=policy.fingerprint,
+            model_revision=policy.declared_revision, adapter_digest=policy.adapter_digest,
+            tokenizer_fingerprint=policy.fingerprint,
             policy_version=step, created_at=created_at,
             prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
             sampling=sampling, completions=tuple(comps),
@@ -260,14 +264,22 @@ def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, ste
     census = getattr(parts.exchange, "tokenizers", None)
     if sw.send_text == "auto" and census is not None and census.statuses_due(parts.dht_time()):
         parts.exchange.read_statuses(timeout=sw.fetch_timeout_s / 4)  # notes the swarm's tokenizers
-    return peer_samples(parts, groups, max_groups, drops, step, verifier), drops
+    return peer_samples(parts, groups, max_groups, drops, step, verifier, spot_session(parts, seed)), drops
+
+
+def spot_session(parts: Any, seed: int) -> SpotSession | None:
+    """A step's logprob spot-checks (`swarm.spot_check`), None when the node has no checker."""
+    checker = getattr(parts, "spot_checker", None)
+    return checker.session(seed) if checker is not None else None
 
 
 def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
-                 step: int, verifier: PeerVerifier | None = None) -> PeerBatch:
-    """Check peers' groups against this node's state, recompute rewards (within `verifier`'s time
-    budget, a fresh one by default), keep at most `max_groups`."""
+                 step: int, verifier: PeerVerifier | None = None, spot: SpotSession | None = None) -> PeerBatch:
+    """Check peers' groups against this node's state, spot-check their logprobs when this node holds
+    the declared model (`spot`, a fresh session of the node's checker by default), recompute rewards
+    (within `verifier`'s time budget, a fresh one by default), keep at most `max_groups`."""
     verifier = verifier or peer_verifier(parts)
+    spot = spot or spot_session(parts, step)
     rejects = getattr(parts, "rejects", None)
     ledger = getattr(parts, "ledger", None)  # swarm_node.ledger.PeerLedger: each group's fate by sender
     batch = PeerBatch()
@@ -285,6 +297,9 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             drops[reason] += 1
             if ledger is not None and reason != DROP_OWN_ECHO:  # this node is no peer of its own
                 ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
+            continue
+        if spot is not None and spot.check(group, problem) == LOGPROB_MISMATCH:
+            _blame(parts, group.sender, record_id, LOGPROB_MISMATCH, drops)
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
@@ -328,7 +343,24 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             ledger.record_group(group.sender, None, group.tokenizer_fingerprint)
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
+    if spot is not None:
+        batch.spot_metrics = spot.metrics()
     return batch
+
+
+def _blame(parts: Any, sender: str, record_id: str, reason: str, drops: Counter[str]) -> None:
+    """A drop that is the sender's fault and would recur: counted, in the ledger, lowering the sender's
+    reputation share, and on the reject list."""
+    drops[reason] += 1
+    ledger = getattr(parts, "ledger", None)
+    if ledger is not None:
+        ledger.record_group(sender, reason)
+    admission = getattr(parts.exchange, "admission", None)
+    if admission is not None:
+        admission.record(sender, reason)
+    rejects = getattr(parts, "rejects", None)
+    if rejects is not None:
+        rejects.add(record_id, reason)
 
 
 def _group_reason(parts: Any, group: RolloutGroup) -> str | None:

@@ -193,6 +193,8 @@ def _copy_weights(saved: dict[str, torch.Tensor], policy: Any) -> None:
     with torch.no_grad():
         for name, param in policy.trainable_parameters():
             param.copy_(saved[name].to(device=param.device, dtype=param.dtype))
+    if hasattr(policy, "weights_changed"):
+        policy.weights_changed()  # loaded weights may be trained ones: never declare the base revision
 
 
 def load_weights(path: Path, policy: Any) -> None:

@@ -50,6 +50,13 @@ class Policy:
     model:       torch module (peft `PeftModel` when `is_lora`), on `device` in `dtype`
     fingerprint: `tokenizer_fingerprint(tokenizer)`, sent with every rollout group
     local_path:  directory with safetensors + tokenizer files (the base model's, for LoRA)
+    weights_version: bumped whenever the trainable weights change (an optimizer step, a checkpoint
+                 loaded into them); 0: the weights are exactly those `model_id`/`revision` name
+
+    The declaration a rollout group carries (`declared_revision`, `adapter_digest`) names the exact
+    weights that generated it: once the base weights moved, the revision gains TRAINED_SUFFIX, so
+    no trained node claims the base revision; a LoRA node's base never moves and its adapter is
+    named by a digest of its current weights (cheap: the adapter is small; cached per version).
     """
 
     model: Any
@@ -61,6 +68,32 @@ class Policy:
     fingerprint: str
     is_lora: bool
     local_path: Path
+    weights_version: int = 0
+    _adapter_digest: tuple[int, str] | None = None  # (weights_version, digest) of the last computation
+
+    @property
+    def trained(self) -> bool:
+        return self.weights_version > 0
+
+    def weights_changed(self) -> None:
+        """Call after any change to the trainable weights (optimizer step, checkpoint load)."""
+        self.weights_version += 1
+
+    @property
+    def declared_revision(self) -> str:
+        """The revision a rollout group declares: the base's, or base + TRAINED_SUFFIX once the
+        (full) weights moved. A LoRA node's base never moves: its adapter digest says what did."""
+        base = self.revision or ""
+        return base + TRAINED_SUFFIX if self.trained and not self.is_lora else base
+
+    @property
+    def adapter_digest(self) -> str:
+        """sha256 hex of the current adapter weights (names, shapes, float32 bytes); "" without LoRA."""
+        if not self.is_lora:
+            return ""
+        if self._adapter_digest is None or self._adapter_digest[0] != self.weights_version:
+            self._adapter_digest = (self.weights_version, weights_digest(self.trainable_parameters()))
+        return self._adapter_digest[1]
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -83,6 +116,18 @@ class Policy:
     def trainable_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(name, parameter) pairs that the optimizer updates (all weights, or the adapter)."""
         return [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+TRAINED_SUFFIX = "+trained"
+
+
+def weights_digest(named: list[tuple[str, torch.Tensor]]) -> str:
+    """sha256 hex over (name, shape, float32 little-endian bytes) of each tensor, sorted by name."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(named, key=lambda item: item[0]):
+        data = tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes()
+        h.update(f"{name}:{tuple(tensor.shape)}:{len(data)}".encode() + b"\0" + data)
+    return h.hexdigest()
 
 
 def resolve_device(name: str) -> torch.device:

@@ -353,6 +353,7 @@ class Trainer:
         if not torch.isfinite(norm):
             raise _NonFinite(f"non-finite gradient norm {float(norm)} at step {self.step_count}", None)
         self.optimizer.step()
+        self.policy.weights_changed()  # rollout groups now declare trained weights (Policy.declared_revision)
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm), True
 

@@ -32,6 +32,15 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   completions are no evidence: honest peers give the same short answer all the time.
 * **Token budget**: peer tokens accepted per gather are capped (`over_token_budget`), so the scoring
   work per step has a fixed bound.
+* **Logprob spot-checks** (`swarm_node/spotcheck.py`, applied in `rollouts.peer_samples` after these
+  rules): a group declares the exact weights that generated it (model id, revision with "+trained"
+  once they moved, LoRA adapter digest); when this node holds them (a `swarm.spot_check.reference_models`
+  entry, or its own model while untrained) it recomputes K random logprobs at the group's declared
+  temperature, within a per-step token and time budget, and a median exp(|delta|) - 1 above the
+  tolerance drops the group as `logprob_mismatch`, recorded here as a fault of the sender. A group of
+  a model this node does not hold is not checked (`spot_unchecked`): its forged logprobs can move a
+  token's weight min(pi_theta / pi_gen, C) anywhere in [0, C] and no further, and the KL filter drops
+  the grossest forgeries (floor values), so it weighs at most C times an honest group.
 """
 
 from __future__ import annotations

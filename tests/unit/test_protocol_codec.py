@@ -139,14 +139,35 @@ def test_text_fields_travel_only_when_sent() -> None:
         assert decode(encode(texted, scheme)) == texted
         assert decode(encode(plain, scheme)) == plain
     body = msgpack.unpackb(encode(plain, Scheme.NONE)[9:])
-    assert len(body) == 12 and all(len(h) == 4 for h in body[9])  # the version-1 body: same size
+    assert len(body) == 13 and body[4] == "" and all(len(h) == 4 for h in body[10])  # v1 body + adapter digest
     v1 = dataclasses.replace(plain, protocol_version=1)
-    assert encode(v1, Scheme.NONE)[3:] == encode(plain, Scheme.NONE)[3:]
-    assert encode(v1, Scheme.NONE)[2] == 1 and encode(plain, Scheme.NONE)[2] == 2
+    v1_body = msgpack.unpackb(encode(v1, Scheme.NONE)[9:])
+    assert v1_body == body[:4] + body[5:] and encode(v1, Scheme.NONE)[2] == 1 and encode(plain, Scheme.NONE)[2] == 2
+    assert decode(encode(v1)) == v1
     body = msgpack.unpackb(encode(texted, Scheme.NONE)[9:])
-    assert len(body) == 14 and all(len(h) == 6 for h in body[9])
-    assert body[12] == "caf\u00e9 \u6771\u4eac \U0001f600\n".encode() * 4
-    assert np.frombuffer(body[13], "<u2").sum() == len(body[12])
+    assert len(body) == 15 and all(len(h) == 6 for h in body[10])
+    assert body[13] == "caf\u00e9 \u6771\u4eac \U0001f600\n".encode() * 4
+    assert np.frombuffer(body[14], "<u2").sum() == len(body[13])
+
+
+def test_adapter_digest_travels_in_version_2_only() -> None:
+    digest = "ab" * 32
+    group = dataclasses.replace(make_group(n_comp=2), adapter_digest=digest)
+    for scheme in Scheme:
+        back = decode(encode(group, scheme))
+        assert back == group and back.adapter_digest == digest
+        texted = with_text(group)
+        assert decode(encode(texted, scheme)).adapter_digest == digest
+    assert msgpack.unpackb(encode(group, Scheme.NONE)[9:])[4] == digest
+    with pytest.raises(ProtocolError, match="version-1 group cannot carry an adapter digest"):
+        encode(dataclasses.replace(group, protocol_version=1))
+    assert decode(encode(dataclasses.replace(group, protocol_version=1, adapter_digest=""))).adapter_digest == ""
+    body = msgpack.unpackb(encode(group, Scheme.NONE)[9:])
+    body[4] = 7
+    with pytest.raises(ProtocolError, match="adapter_digest: expected str"):
+        decode(frame(msgpack.packb(body, use_bin_type=True), version=2))
+    with pytest.raises(ProtocolError, match="expected 12 fields"):  # a version-2 body read as version 1
+        decode(frame(msgpack.packb(body, use_bin_type=True), version=1))
 
 
 def test_text_needs_version_2_and_consistent_byte_strings() -> None:
@@ -158,12 +179,12 @@ def test_text_needs_version_2_and_consistent_byte_strings() -> None:
                           tokenizer_fingerprint="fp"))
     body = msgpack.unpackb(encode(texted, Scheme.NONE)[9:])
     for mutate, match in [
-        (lambda b: b.__setitem__(12, b[12][:-1]), "text/piece byte strings"),
-        (lambda b: b.__setitem__(13, b[13] + b"\x00\x00"), "piece bytes"),
-        (lambda b: [h.__setitem__(slice(4, 6), [0, 0]) for h in b[9]] and b.__setitem__(12, b"")
-         or b.__setitem__(13, b""), "no completion carries text"),  # non-canonical: fields must be left out
-        (lambda b: b[9][0].pop(), "expected 6 fields"),
-        (lambda b: b.pop(), "expected 12 fields"),
+        (lambda b: b.__setitem__(13, b[13][:-1]), "text/piece byte strings"),
+        (lambda b: b.__setitem__(14, b[14] + b"\x00\x00"), "piece bytes"),
+        (lambda b: [h.__setitem__(slice(4, 6), [0, 0]) for h in b[10]] and b.__setitem__(13, b"")
+         or b.__setitem__(14, b""), "no completion carries text"),  # non-canonical: fields must be left out
+        (lambda b: b[10][0].pop(), "expected 6 fields"),
+        (lambda b: b.pop(), "expected 13 fields"),
     ]:
         tampered = msgpack.unpackb(msgpack.packb(body, use_bin_type=True))
         mutate(tampered)
@@ -181,7 +202,7 @@ def test_text_needs_version_2_and_consistent_byte_strings() -> None:
 
 def test_undecodable_text_round_trips_byte_for_byte() -> None:
     body = msgpack.unpackb(encode(with_text(make_group(n_comp=1), "abc"), Scheme.NONE)[9:])
-    body[12] = b"a\xffc"  # not UTF-8: kept as a lone surrogate, which validate rejects
+    body[13] = b"a\xffc"  # not UTF-8: kept as a lone surrogate, which validate rejects
     data = frame(msgpack.packb(body, use_bin_type=True), version=2)
     back = decode(data)
     assert back.completions[0].text == "a\udcffc"

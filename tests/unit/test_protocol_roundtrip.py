@@ -157,7 +157,7 @@ def golden_status() -> NodeStatus:
                       maddrs=("/ip4/127.0.0.1/tcp/4000",), metrics={"reward": 0.5, "accuracy": 0.25})
 
 
-GOLDEN_GROUP_NONE = (  # version 1; version 2 without text differs only in the version byte
+GOLDEN_GROUP_NONE = (  # version 1; version 2 without text: see golden_v2_hex
     "534e010100010100009ca6676f6c64656ea8516d53656e646572d92348756767696e674661636554422f536d6f6c4c4d"
     "322d3133354d2d496e737472756374a46d61696ea666703031323307cb41d954fc4010000093ab67736d386b2d747261"
     "696e2ad94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261"
@@ -172,14 +172,14 @@ GOLDEN_GROUP_SHUFFLE_ZSTD = (
     "7468cb000000c41405004f09ffb310080d82f296e4cc280000012cff07072800000001bf000028000000000000003800"
     "000000000000c414280000000000000028000000000000002800000020008070280000bec080bfc0010000"
 )
-GOLDEN_GROUP_TEXT_NONE = (
-    "534e0201001b0100009ea6676f6c64656ea8516d53656e646572d92348756767696e674661636554422f536d6f6c4c4d"
-    "322d3133354d2d496e737472756374a46d61696ea666703031323307cb41d954fc4010000093ab67736d386b2d747261"
-    "696e2ad94061626162616261626162616261626162616261626162616261626162616261626162616261626162616261"
-    "62616261626162616261626162616261626162616293cb3ff0000000000000cb3fee6666666666660892960303a47374"
-    "6f70cb3ff00000000000000503960202a66c656e677468cb00000000000000000302c414010000002c010000ffbf0000"
-    "0700000007000000c414000000be000020c000000080000080bf000070c0c408436166c3a9e69db1c40a020003000000"
-    "01000200"
+GOLDEN_GROUP_TEXT_NONE = (  # version 2: the adapter digest ("", a0) follows the revision
+    "534e0201001c0100009fa6676f6c64656ea8516d53656e646572d92348756767696e674661636554422f536d6f6c4c4d"
+    "322d3133354d2d496e737472756374a46d61696ea0a666703031323307cb41d954fc4010000093ab67736d386b2d7472"
+    "61696e2ad940616261626162616261626162616261626162616261626162616261626162616261626162616261626162"
+    "6162616261626162616261626162616261626162616293cb3ff0000000000000cb3fee6666666666660892960303a473"
+    "746f70cb3ff00000000000000503960202a66c656e677468cb00000000000000000302c414010000002c010000ffbf00"
+    "000700000007000000c414000000be000020c000000080000080bf000070c0c408436166c3a9e69db1c40a0200030000"
+    "0001000200"
 )
 GOLDEN_STATUS_V2_NONE = (
     "534e0203005f00000098a6516d50656572a7747261696e6572a16d03cb402900000000000091b72f6970342f3132372e"
@@ -200,9 +200,22 @@ def v1(msg):
 def test_golden_group_bytes_uncompressed() -> None:
     assert encode(v1(golden_group()), Scheme.NONE).hex() == GOLDEN_GROUP_NONE
     assert decode(bytes.fromhex(GOLDEN_GROUP_NONE)) == v1(golden_group())  # version 1 is still read
-    v2_hex = GOLDEN_GROUP_NONE[:4] + "02" + GOLDEN_GROUP_NONE[6:]  # no text: the same body
+    v2_hex = golden_v2_hex(GOLDEN_GROUP_NONE)
     assert encode(golden_group(), Scheme.NONE).hex() == v2_hex
     assert decode(bytes.fromhex(v2_hex)) == golden_group()
+    digest = "cd" * 32  # a LoRA sender's adapter: the 64 characters as a str 8 (d9 40) after the revision
+    with_adapter = RolloutGroup(**{**golden_group().__dict__, "adapter_digest": digest})
+    assert encode(with_adapter, Scheme.NONE).hex() == golden_v2_hex(GOLDEN_GROUP_NONE, "d940" + digest.encode().hex())
+    assert decode(encode(with_adapter)).adapter_digest == digest
+
+
+def golden_v2_hex(v1_hex: str, adapter: str = "a0") -> str:
+    """The version-2 bytes of a version-1 group without text: version byte 2, one more body field
+    (array 0x9c -> 0x9d), the adapter digest (msgpack str; "" is a0) after the revision "main"."""
+    body = v1_hex[18:]
+    cut = body.index("a46d61696e") + len("a46d61696e")
+    length = int.from_bytes(bytes.fromhex(v1_hex[10:18]), "little") + len(adapter) // 2
+    return v1_hex[:4] + "02" + v1_hex[6:10] + length.to_bytes(4, "little").hex() + "9d" + body[2:cut] + adapter + body[cut:]
 
 
 def test_golden_group_with_text_bytes() -> None:

@@ -190,3 +190,10 @@ def test_another_tokenizer_is_taken_only_with_text_and_without_the_vocab_bound()
     assert reasons(with_text, dataclasses.replace(cross, cross_tokenizer=False)) == [v.TOKENIZER_MISMATCH]
     own = group(tokenizer_fingerprint="mine", completions=texted())
     assert reasons(own, cross) == [v.TOKEN_OUT_OF_VOCAB]  # the receiver's own tokens keep the bound
+
+
+def test_adapter_digest_is_empty_or_a_sha256_hex() -> None:
+    assert reasons(group(adapter_digest="")) == []
+    assert reasons(group(adapter_digest="0f" * 32)) == []
+    for bad in ["0F" * 32, "ab" * 31, "x" * 64, "main"]:
+        assert reasons(group(adapter_digest=bad)) == [v.BAD_ADAPTER_DIGEST]
