@@ -9,7 +9,8 @@ under the same rules: the wire format and the DHT only, nothing of the node's co
   consistent (`valid`) or broken in one way: pieces that disagree with the text, invalid UTF-8,
   text longer than the per-token cap.
 * A Sybil index flood: many identities, each storing one small well-formed index record under the
-  same index key (a window's level-0 key), listing one entry on a prompt assigned to it.
+  same index key (a window's level-0 key), listing one entry on a prompt assigned to it (stamped at
+  the attack's time, so in the next windows' keys the entry is also an index_mismatch).
 """
 
 from __future__ import annotations

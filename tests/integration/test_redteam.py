@@ -197,10 +197,13 @@ ATTACKS = [
 @pytest.mark.parametrize(("name", "reason"), ATTACKS, ids=[a[0] for a in ATTACKS])
 def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
     # The Sybil index records fill the live window's key and the next two: rounds over all three.
-    ws = redteam[2]["window_seconds"]
+    # The flood's records sit in two windows' keys: rounds over both (two rounds of these ~0.2 s
+    # steps would only sample the second after it, while the replicas still take the flood in).
     # The three malformed kinds (one identity each) get rounds enough for each to be sampled.
-    s = run_attack(redteam, name, rounds=4, pause_s=ws) if name == "sybil_index" else \
-        run_attack(redteam, name, rounds=4) if name == "crosstok_malformed" else run_attack(redteam, name)
+    ws = redteam[2]["window_seconds"]
+    rounds, pause = {"sybil_index": (4, ws), "flood": (4, ws / 2), "crosstok_malformed": (4, 0.0)}.get(
+        name, (ATTACK_ROUNDS, 0.0))
+    s = run_attack(redteam, name, rounds=rounds, pause_s=pause)
     check_bounded(s, reason)
     if name == "replay":
         assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
