@@ -133,7 +133,7 @@ def _rounds(nodes: list[Honest], n: int, pause_s: float = 0.0) -> list[dict]:
 
 
 def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[dict], drops_delta: dict,
-             attack: dict) -> dict:
+             attack: dict, jitter_s: float, stall_s: float) -> dict:
     others = {h.peer_id: {o.peer_id for o in nodes if o is not h} for h in nodes}
     variants = {h.peer_id: h.node.cfg.objective.variant for h in nodes}
     honest_used = [bool({s.source for s in r["samples"] if s.is_peer} & others[r["node"]]) for r in during]
@@ -150,9 +150,12 @@ def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[di
         "attack_rel_s": statistics.median(_relative(r) for r in during),
         "baseline_rel_max": max(_relative(r) for r in before),
         "attack_rel_max": max(_relative(r) for r in during),
-        "attack_gen_s": statistics.median(r["metrics"].get("gen_seconds", 0.0) for r in during),
+        # The same less the allowances for DHT jitter and the verification budget (test_redteam).
+        "attack_rel_s_less_jitter": statistics.median(_relative(r, jitter_s) for r in during),
+        "attack_rel_max_less_stall": max(_relative(r, stall_s) for r in during),
         "slowest": {k: round(v, 3) for k, v in max(during, key=_relative)["metrics"].items()
-                    if k in ("gen_seconds", "gather_seconds", "publish_seconds", "train_seconds", "step_seconds")},
+                    if k in ("gen_seconds", "gather_seconds", "publish_seconds", "train_seconds", "step_seconds",
+                             "peer_reward_seconds")},
         "parts_s": {part: [round(statistics.median(r["metrics"].get(f"{part}_seconds", 0.0) for r in rs), 3)
                            for rs in (before, during)] for part in ("gen", "train")},
         "errors": [r["error"] for r in before + during if r["error"]],
@@ -177,9 +180,9 @@ def learning(rows: list[dict]) -> dict:
             "grad_nonzero_steps": sum(r["metrics"].get("grad_norm", 0.0) != 0.0 for r in rows), "steps": len(rows)}
 
 
-def _relative(r: dict) -> float:
-    """A step's wall time in units of its own generation's wall time (load-normalised)."""
-    return r["seconds"] / max(r["metrics"].get("gen_seconds", 0.0), 1e-3)
+def _relative(r: dict, allowance_s: float = 0.0) -> float:
+    """A step's wall time less `allowance_s`, in units of its own generation's wall time (load-normalised)."""
+    return max(r["seconds"] - allowance_s, 0.0) / max(r["metrics"].get("gen_seconds", 0.0), 1e-3)
 
 
 def _drops(nodes: list[Honest]) -> dict[str, int]:

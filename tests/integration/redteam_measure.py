@@ -1,11 +1,14 @@
 """What the red-team suite measures of honest nodes that learn: their reward before and under an
 attack (with its sampling noise) and the share of a step's update an attacker's samples get.
 
-Reward noise. With `task.format_reward = 0` a completion's reward is 0 or 1, so the mean reward of n
-own completions is a binomial proportion; the noise of the difference between the baseline's mean
-and the attack's is the standard error sqrt(p (1 - p) (1/n_base + 1/n_attack)) with p the pooled
-mean. The reward under attack may not be lower than the baseline's by more than REWARD_NOISE_SE
-such errors.
+Reward noise. With `task.format_reward = 0` a completion's reward is 0 or 1. The G completions of
+one group answer the same problem, which the model tends to get all right or all wrong, so they
+are not independent draws: the noise is taken over groups (cluster-robust), the standard error of
+the difference of the two means being sqrt(s2 (1/g_base + 1/g_attack)) with s2 the pooled sample
+variance of the groups' mean rewards and g the groups on each side (the binomial
+sqrt(p (1 - p) (1/n_base + 1/n_attack)) over completions, which under-states it, is reported too).
+The reward under attack may not be lower than the baseline's by more than REWARD_NOISE_SE such
+errors.
 
 Update share. In a step's first epoch the gradient of the loss is sum_i,t c_i,t grad log pi(token
 t of sample i), and the coefficient c_i,t = d loss / d log pi_i,t is -w_i A'_i x (importance weight)
@@ -31,26 +34,41 @@ import swarm_node.policy.trainer as trainer_module
 REWARD_NOISE_SE = 3.0  # a drop of more than this many standard errors fails (about 0.1% by chance)
 
 
-def own_rewards(rows: Sequence[dict]) -> tuple[float, int]:
-    """(sum of own completions' rewards, their count) over step rows (`Honest.step`)."""
-    total, n = 0.0, 0
+def own_group_means(rows: Sequence[dict]) -> list[float]:
+    """The mean reward of each own group trained on in the step rows (`Honest.step`)."""
+    out = []
     for r in rows:
-        m = r["metrics"]
-        k = int(m.get("own_samples", 0))
-        total += m.get("reward_mean", 0.0) * k
-        n += k
-    return total, n
+        groups: dict[str, list[float]] = {}
+        for x in r["samples"]:
+            if not x.is_peer:
+                groups.setdefault(x.group_key, []).append(float(x.reward))
+        out += [sum(v) / len(v) for v in groups.values()]
+    return out
+
+
+def difference_noise(base: Sequence[float], under: Sequence[float]) -> float:
+    """The cluster-robust standard error of mean(under) - mean(base), both lists of group means."""
+    if len(base) + len(under) < 3 or not base or not under:
+        return float("inf")
+    pooled = [*base, *under]
+    mean = sum(pooled) / len(pooled)
+    s2 = sum((x - mean) ** 2 for x in pooled) / (len(pooled) - 1)
+    return math.sqrt(s2 * (1 / len(base) + 1 / len(under)))
 
 
 def reward_check(before: Sequence[dict], during: Sequence[dict]) -> dict:
-    """The honest nodes' mean reward before and under attack, the noise of their difference, and
-    whether the drop stays within REWARD_NOISE_SE of it."""
-    (sb, nb), (sa, na) = own_rewards(before), own_rewards(during)
-    base, under = sb / max(nb, 1), sa / max(na, 1)
-    p = (sb + sa) / max(nb + na, 1)
-    se = math.sqrt(p * (1 - p) * (1 / max(nb, 1) + 1 / max(na, 1)))
-    return {"baseline": round(base, 4), "attack": round(under, 4), "n": [nb, na], "se": round(se, 4),
-            "within_noise": under >= base - REWARD_NOISE_SE * se - 1e-9}
+    """The honest nodes' mean own reward before and under attack (groups of G completions each),
+    the noise of their difference, and whether the drop stays within REWARD_NOISE_SE of it."""
+    gb, ga = own_group_means(before), own_group_means(during)
+    base, under = sum(gb) / max(len(gb), 1), sum(ga) / max(len(ga), 1)
+    se = difference_noise(gb, ga)
+    p = (sum(gb) + sum(ga)) / max(len(gb) + len(ga), 1)
+    n = [sum(not x.is_peer for r in rows for x in r["samples"]) for rows in (before, during)]
+    binomial = math.sqrt(p * (1 - p) * (1 / max(n[0], 1) + 1 / max(n[1], 1)))
+    return {"baseline": round(base, 4), "attack": round(under, 4), "groups": [len(gb), len(ga)],
+            "se": round(se, 4), "se_binomial": round(binomial, 4),
+            "within_noise": under >= base - REWARD_NOISE_SE * se - 1e-9,
+            "group_means": [[round(x, 3) for x in gb], [round(x, 3) for x in ga]]}
 
 
 _SINK: list | None = None  # while a probed first epoch runs: each micro-batch's [b] influence

@@ -52,15 +52,17 @@ from tests.integration.redteam_harness import (
     _summary,
     learning,
 )
-from tests.integration.redteam_measure import REWARD_NOISE_SE, restore
+from tests.integration.redteam_measure import REWARD_NOISE_SE, difference_noise, restore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 2
 MAX_SLOWDOWN = 1.5  # median step time under attack / without
 MAX_STALL = 2.0  # the slowest step under attack / the slowest without
 # Warm models answer in a few tokens: a step is ~0.1-0.3 s, set by DHT round trips more than by
-# generation, so the load-normalised ratios get absolute allowances for that jitter (a wait on a
-# fetch timeout, swarm.fetch_timeout_s = 4 s, still fails both checks).
+# generation, so a step under attack is judged less an allowance (seconds) before it is normalised:
+# JITTER_S for the median (DHT jitter under load), STALL_S for the slowest (the peer verification
+# budget, task.peer_reward_budget_s = 0.5 s, plus jitter). A wait on a fetch timeout
+# (swarm.fetch_timeout_s = 4 s) or a verifier stall still fails.
 JITTER_S, STALL_S = 0.25, 1.0
 WARM_BASE = "tiny-random:64x1:a"  # both honest nodes start from its warm model (conftest.warm_model)
 # 300 warm-up steps: about 0.13 of its sampled level-1 answers earn reward (120 steps: about 0.07).
@@ -133,7 +135,7 @@ def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK
     if raw is not None:
         raw.update(attack)
     during = _rounds(nodes, rounds, pause_s)
-    summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack)
+    summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack, JITTER_S, STALL_S)
     summary["dht_refused"] = _delta(_dht_refusals(nodes, boot), refused0)
     honest = {h.peer_id for h in nodes}  # drops of the honest nodes' own groups, by reason
     summary["honest_drops"] = dict(Counter(r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:] if o in honest and r))
@@ -150,10 +152,9 @@ def check_bounded(s: dict, reason: str | None) -> None:
     # side this catches only a collapse: the suite-wide comparison, the last test, pools every attack).
     assert s["reward"]["within_noise"], s
     assert not s["nonfinite"], s
-    gen = max(s["attack_gen_s"], 1e-3)
-    assert s["attack_rel_s"] <= MAX_SLOWDOWN * s["baseline_rel_s"] + JITTER_S / gen, s
-    # No single stalled step either (the issue's verifier bomb made 26 s and 53 s steps).
-    assert s["attack_rel_max"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0) + STALL_S / gen, s
+    assert s["attack_rel_s_less_jitter"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
+    # No single stalled step either (the verifier bomb of DESIGN.md section 8 made 26 s and 53 s steps).
+    assert s["attack_rel_max_less_stall"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0), s
     if reason is not None:
         assert s["drops"].get(reason, 0) >= 1, s
     assert s["honest_used_share"] >= 0.5, s
@@ -303,13 +304,10 @@ def test_reward_under_attack_over_the_suite() -> None:
     baselines) and their mean reward under attack is not lower than without beyond its noise."""
     if len(RUNS) < 5:
         pytest.skip("too few attacks ran in this session to pool")
-    n_b = sum(r["reward"]["n"][0] for r in RUNS)
-    n_a = sum(r["reward"]["n"][1] for r in RUNS)
-    base = sum(r["reward"]["baseline"] * r["reward"]["n"][0] for r in RUNS) / n_b
-    under = sum(r["reward"]["attack"] * r["reward"]["n"][1] for r in RUNS) / n_a
-    p = (base * n_b + under * n_a) / (n_b + n_a)
-    se = math.sqrt(p * (1 - p) * (1 / n_b + 1 / n_a))
-    pooled = {"baseline": round(base, 4), "attack": round(under, 4), "n": [n_b, n_a], "se": round(se, 4),
+    gb = [x for r in RUNS for x in r["reward"]["group_means"][0]]
+    ga = [x for r in RUNS for x in r["reward"]["group_means"][1]]
+    base, under, se = sum(gb) / len(gb), sum(ga) / len(ga), difference_noise(gb, ga)
+    pooled = {"baseline": round(base, 4), "attack": round(under, 4), "groups": [len(gb), len(ga)], "se": round(se, 4),
               "grad_nonzero_baseline_steps": sum(r["baseline_trained"]["grad_nonzero_steps"] for r in RUNS),
               "per_attack": {r["attack"]: [r["reward"]["baseline"], r["reward"]["attack"]] for r in RUNS}}
     print(json.dumps({"suite_reward": pooled}))
