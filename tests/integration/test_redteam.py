@@ -138,7 +138,8 @@ def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK
     summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack, JITTER_S, STALL_S)
     summary["dht_refused"] = _delta(_dht_refusals(nodes, boot), refused0)
     honest = {h.peer_id for h in nodes}  # drops of the honest nodes' own groups, by reason
-    summary["honest_drops"] = dict(Counter(r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:] if o in honest and r))
+    summary["honest_drops"] = dict(Counter(r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:]
+                                           if o in honest and r))
     RUNS.append(summary)
     if os.environ.get("REDTEAM_REPORT"):
         with open(os.environ["REDTEAM_REPORT"], "a") as f:
