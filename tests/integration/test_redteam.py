@@ -154,7 +154,7 @@ def check_bounded(s: dict, reason: str | None) -> None:
     assert s["reward"]["within_noise"], s
     assert not s["nonfinite"], s
     assert s["attack_rel_s_less_jitter"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
-    # No single stalled step either (the verifier bomb of DESIGN.md section 8 made 26 s and 53 s steps).
+    # No single stalled step either (before the verification budgets a verifier bomb made 26 s and 53 s steps).
     assert s["attack_rel_max_less_stall"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0), s
     if reason is not None:
         assert s["drops"].get(reason, 0) >= 1, s
