@@ -46,13 +46,13 @@ WARM_STEPS = 120
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """`warm(base) -> directory` of `base` (a tiny-random spec) after WARM_STEPS warm-up steps on
-    level-1 addition and subtraction; `model.name` accepts the directory."""
+    """`warm(base, steps=WARM_STEPS) -> directory` of `base` (a tiny-random spec) after `steps`
+    warm-up steps on level-1 addition and subtraction; `model.name` accepts the directory."""
     from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model
 
     cache = tmp_path_factory.mktemp("warm")
 
-    def warm(base: str) -> Path:
-        return ensure_warm_model(WarmupSpec(base=base, levels=(1,), steps=WARM_STEPS), cache, log=lambda m: None)
+    def warm(base: str, steps: int = WARM_STEPS) -> Path:
+        return ensure_warm_model(WarmupSpec(base=base, levels=(1,), steps=steps), cache, log=lambda m: None)
 
     return warm

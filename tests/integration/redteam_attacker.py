@@ -51,7 +51,9 @@ from protocol.messages import (
     RolloutIndex,
     SamplingParams,
 )
+from protocol.validate import MIN_LOGPROB
 from swarm_node.tasks.prompts import select_prompts
+from tests.integration import redteam_forge as forge
 
 ser = DHTProtocol.serializer
 _SIGNATURE = re.compile(rb"\[signature:.+\]$", re.DOTALL)
@@ -213,7 +215,7 @@ class Attacker:
                 ident = Identity()
                 out["identities"].append(ident.peer_id)
                 results.append(self.publish(ident, ctx, [make(ident, v) for v in versions], window))
-            out["index_accepted"] = sum(r["index_accepted"] > 0 for r in results)
+            out["index_accepted"] = out.get("index_accepted", 0) + sum(r["index_accepted"] > 0 for r in results)
 
         if name == "poisoned_logprobs":
             run_with(1, lambda i, v: self.group(i, ctx, v, logprob=-90.0, seed=v))
@@ -249,6 +251,10 @@ class Attacker:
                 honest = [g for w in range(window - 2, window + 1) for g in self.read_groups(ctx, w)]
                 honest = [g for g in honest if g.sender in ctx["honest_peers"]]
             out["replayed"] = len(honest)
+            # Groups at least half of whose completions have >= 16 tokens: the length from which a
+            # completion is a fingerprint to the replay rule (shorter answers recur honestly).
+            out["replayed_fingerprinted"] = sum(2 * sum(len(c.token_ids) >= 16 for c in g.completions)
+                                                >= len(g.completions) for g in honest[:8])
             ident = Identity()
             out["identities"].append(ident.peer_id)
             replays = []
@@ -261,6 +267,25 @@ class Attacker:
             run_with(15, lambda i, v: self.group(i, ctx, v, seed=v))
         elif name == "flood":
             out.update(self.flood(ctx, window))
+        elif name in ("forged_floor_logprobs", "forged_certain_logprobs"):
+            # Every token's logprob just above the protocol's floor (the sampled tokens look wildly
+            # improbable: importance weight pi/pi_gen at its clamp), or 0 (certain: weight <= 1).
+            lp = MIN_LOGPROB + 0.1 if name == "forged_floor_logprobs" else 0.0
+            run_with(2, lambda i, v: forge.learnable_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4], lp))
+        elif name == "crosstok_malformed":
+            for kind in forge.FOREIGN_KINDS:  # one identity per kind
+                run_with(1, lambda i, v, kind=kind: forge.foreign_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4],
+                                                                        kind))
+        elif name == "crosstok_certain":
+            run_with(2, lambda i, v: forge.foreign_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4], "valid",
+                                                         logprob=0.0))
+        elif name == "sybil_index":
+            idents = [Identity() for _ in range(ctx["sybil_identities"])]
+            out["identities"] += [i.peer_id for i in idents]
+            live = keys.window_of(get_dht_time(), ctx["window_seconds"])  # after the keys were made
+            accepted = self.store(forge.sybil_index_items(self, idents, ctx, range(live, live + 3)))
+            out.update(sybil_records=len(accepted), sybil_accepted_replicas=sum(accepted),
+                       sybil_stored=sum(a > 0 for a in accepted))
         else:
             raise ValueError(f"unknown attack {name}")
         return out
@@ -339,7 +364,7 @@ class Attacker:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--initial-peer", action="append", required=True)
-    parser.add_argument("--identities", type=int, default=100, help="RSA keys to make before the attacks")
+    parser.add_argument("--identities", type=int, default=170, help="RSA keys to make before the attacks")
     args = parser.parse_args()
     attacker = Attacker(args.initial_peer)
     _KEY_POOL.extend(RSAPrivateKey() for _ in range(args.identities))

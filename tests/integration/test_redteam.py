@@ -2,10 +2,17 @@
 a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F-TIS (DESIGN.md
 section 8, the attacks of issue 11, and issue 21's version grinding against the prompt binding).
 
-For each attack, in the same swarm: two rounds of honest steps without the attack (the baseline),
-the attack, two rounds under attack. Asserted for both honest nodes: no crash, every metric
-finite, step time within 1.5x of the baseline, the expected drop reason counted, and the other
-honest node's groups used in most steps.
+The honest nodes start from a warm tiny model (conftest.warm_model): their answers sometimes earn
+reward, so they learn (the first test checks it) and an attack has something to harm. For each
+attack, in the same swarm: two rounds of honest steps without the attack (the baseline), the
+attack, two rounds under attack. Asserted for both honest nodes: no crash, every metric finite,
+step time within 1.5x of the baseline (plus an allowance for DHT jitter), the expected drop reason
+counted, the other honest node's groups used in most steps, and no reward drop beyond the
+baseline's noise; the last test pools the rewards of every attack (redteam_measure says how the
+noise and the attacker's share of an update are measured). The attacks against learning: forged
+logprobs on groups that earn reward (at the floor, or claiming certainty), another tokenizer's
+texts (malformed, or valid with forged certainty), and a Sybil flood of small records on one
+index key; the harness (the attacker's client, the honest nodes as observed) is redteam_harness.py.
 
 The peer cap leaves room for attackers' groups next to the honest peer's (4 peer groups a step,
 2 own), so the checks are exercised, not just starved. Step time is compared as the median wall
@@ -21,10 +28,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import select
-import statistics
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -34,130 +37,75 @@ import pytest
 from swarm_node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
+from tests.integration.redteam_harness import (
+    MAX_TOKENS,
+    PROMPTS,
+    SWARM,
+    Attacker,
+    G,
+    Honest,
+    _context,
+    _delta,
+    _dht_refusals,
+    _drops,
+    _rounds,
+    _summary,
+    learning,
+)
+from tests.integration.redteam_measure import REWARD_NOISE_SE, difference_noise, restore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
-SWARM = "redteam"
-G, MAX_TOKENS, PROMPTS = 4, 32, 2
-REPO = Path(__file__).resolve().parents[2]
 BASELINE_ROUNDS, ATTACK_ROUNDS = 2, 2
 MAX_SLOWDOWN = 1.5  # median step time under attack / without
 MAX_STALL = 2.0  # the slowest step under attack / the slowest without
+# Warm models answer in a few tokens: a step is ~0.1-0.3 s, set by DHT round trips more than by
+# generation, so a step under attack is judged less an allowance (seconds) before it is normalised:
+# JITTER_S for the median (DHT jitter under load), STALL_S for the slowest (the peer verification
+# budget, task.peer_reward_budget_s = 0.5 s, plus jitter). A wait on a fetch timeout
+# (swarm.fetch_timeout_s = 4 s) or a verifier stall still fails.
+JITTER_S, STALL_S = 0.25, 1.0
+WARM_BASE = "tiny-random:64x1:a"  # both honest nodes start from its warm model (conftest.warm_model)
+# 300 warm-up steps: about 0.13 of its sampled level-1 answers earn reward (120 steps: about 0.07).
+WARM_STEPS = 300
+LEARN_ROUNDS = 4  # the first test's rounds, in which the honest nodes must be seen learning
+RUNS: list[dict] = []  # every attack's summary, for the suite-wide reward comparison (the last test)
+MAX_SUBKEYS_PER_KEY = 32  # the per-key cap of every replica: the Sybil index flood holds more identities
+# The forged-logprob attacks are bounded today by the truncation C and the KL filter, with no drop
+# reason. A node that spot-checks peers' logprobs against a reference model is tested by adding its
+# config keys here and the drop reason it counts (the assertions then expect that reason too).
+LOGPROB_CHECK_OVERRIDES: list[str] = []
+LOGPROB_CHECK_REASON: str | None = None
 
 
-def node_config(tmp: Path, name: str, variant: str, peers: list[str], seed: int = 0) -> NodeConfig:
-    # Distinct seeds: two nodes holding the same tiny random model and the same sampling seed would
-    # publish token-identical completions, which the replay rule rightly treats as duplicates.
+def node_config(tmp: Path, name: str, variant: str, peers: list[str], model: str, seed: int = 0) -> NodeConfig:
+    # Distinct seeds: two nodes holding the same model and the same sampling seed would publish
+    # token-identical completions, which the replay rule rightly treats as duplicates.
     return NodeConfig.load(None, [
-        f'node_dir="{tmp / name}"', 'model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp / "cache"}"',
+        f'node_dir="{tmp / name}"', f'model.name="{model}"', f'model.cache_dir="{tmp / "cache"}"',
         'model.device="cpu"', f"generation.group_size={G}", f"generation.max_new_tokens={MAX_TOKENS}",
         f"train.prompts_per_step={PROMPTS}", "train.learning_rate=1e-3", "train.total_steps=1000", f"train.seed={seed}",
         f'objective.variant="{variant}"', f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
         f"swarm.initial_peers={json.dumps(peers)}", "swarm.max_peer_fraction=0.75", "swarm.max_peer_groups_per_step=4",
         "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=4.0", "swarm.window_seconds=5.0",
-        "swarm.staleness_steps=2", "swarm.slots_per_window=64", "swarm.record_ttl_s=60.0", "checkpoint.every_steps=1000", "task.levels=[1]",
+        "swarm.staleness_steps=2", "swarm.slots_per_window=64", "swarm.record_ttl_s=60.0",
+        f"swarm.max_subkeys_per_key={MAX_SUBKEYS_PER_KEY}", "checkpoint.every_steps=1000", "task.levels=[1]",
         "task.size=2000", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false",
         # Verification budgets sized to this tiny model's ~1 s step, as an operator sizes them to theirs.
-        "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25"])
+        "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25", *LOGPROB_CHECK_OVERRIDES])
 
-
-class Attacker:
-    """The attacker process: one JSON command per line in, one JSON result per line out."""
-
-    def __init__(self, initial_peers: list[str]) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        args = [sys.executable, "-m", "tests.integration.redteam_attacker"]
-        for p in initial_peers:
-            args += ["--initial-peer", p]
-        self.proc = subprocess.Popen(args, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def wait_ready(self) -> None:
-        assert self._answer(120.0).get("ready"), "attacker did not start"
-
-    def _answer(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            raise AssertionError(f"the attacker process gave no answer within {timeout:.0f}s (exit {self.proc.poll()})")
-        return json.loads(line)
-
-    def attack(self, name: str, ctx: dict) -> dict:
-        self.proc.stdin.write(json.dumps({"op": "attack", "name": name, "ctx": ctx}) + "\n")
-        self.proc.stdin.flush()
-        return self._answer(120.0)
-
-    def close(self) -> None:
-        try:
-            self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=20)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-
-
-class Honest:
-    """An honest node with what the suite observes: per-step metrics, step errors, samples used, and
-    every admission verdict by owner (`verdicts`: (owner, None) taken, (owner, reason) dropped)."""
-
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.samples: list = []
-        original = node.parts.trainer.step
-        node.parts.trainer.step = lambda samples: (self.samples.append(list(samples)), original(samples))[1]
-        self.verdicts: list[tuple[str, str | None]] = []
-        admission = node.parts.exchange.admission
-        record = admission.record
-        admission.record = lambda owner, reason: (self.verdicts.append((owner, reason)), record(owner, reason))[1]
-
-    @property
-    def peer_id(self) -> str:
-        return self.node.parts.peer_id
-
-    def step(self) -> dict:
-        self.samples.append(None)  # replaced by the trainer hook when the step trains
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        try:
-            metrics, error = self.node.run_step(), None
-        except Exception as e:  # a crash is an outcome the suite reports, not a harness failure
-            metrics, error = {}, f"{type(e).__name__}: {e}"
-        cpu = time.process_time() - cpu0
-        samples = self.samples.pop() if self.samples and self.samples[-1] is not None else []
-        if self.samples and self.samples[-1] is None:
-            self.samples.pop()
-        return {"seconds": time.perf_counter() - t0, "cpu": cpu, "metrics": metrics, "error": error, "samples": samples}
-
-
-def _text_tokens(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)[:MAX_TOKENS]
-
-
-def _context(node: Node, honest_peers: list[str]) -> dict:
-    ps, tok = node.parts.prompt_set, node.parts.policy.tokenizer
-    hedged = {}
-    for p in ps.problems:
-        g, w = p.answer, str(int(p.answer) + 1) if p.answer.lstrip("-").isdigit() else p.answer + "1"
-        hedged[str(p.index)] = [_text_tokens(tok, t) for t in (
-            f"\\boxed{{{g} \\text{{(or {w})}}}}", f"\\boxed{{{w}}} \\boxed{{{g}}}", f"\\boxed{{{w} = {g}}}", f"{g}")]
-    bombs = [_text_tokens(tok, t) for t in ("\\boxed{99!!}", "\\boxed{9^{9^9}}", "\\boxed{9^{9^{9^9}}}", "\\boxed{99!!!}")]
-    easy = sorted(range(len(ps)), key=lambda i: (len(ps.problems[i].answer), ps.problems[i].answer))
-    return {"swarm": SWARM, "window_seconds": node.cfg.swarm.window_seconds, "prompt_set_id": ps.id,
-            "staleness_windows": node.cfg.swarm.staleness_steps, "slots_per_window": node.cfg.swarm.slots_per_window,
-            "easy_indices": easy, "set_size": len(ps), "shas": [p.sha256 for p in ps.problems], "prompts_per_step": PROMPTS,
-            "group_size": G, "max_new_tokens": MAX_TOKENS, "vocab": len(tok), "fingerprint": node.parts.policy.fingerprint,
-            "texts": {"bombs": bombs, "hedged": hedged}, "honest_peers": honest_peers, "easy_index": 0,
-            "groups_per_identity": 4}
 
 
 @pytest.fixture(scope="module")
-def redteam(tmp_path_factory):
+def redteam(tmp_path_factory, warm_model):
     tmp = tmp_path_factory.mktemp("redteam")
-    boot = start_transport(node_config(tmp, "bootstrap", "f-tis", []).swarm, tmp / "bootstrap")
+    model = str(warm_model(WARM_BASE, steps=WARM_STEPS))
+    boot = start_transport(node_config(tmp, "bootstrap", "f-tis", [], model).swarm, tmp / "bootstrap")
     peers = list(boot.visible_maddrs)
     nodes = []
     attacker = Attacker(peers)  # starts now: it makes its identities' keys while the honest nodes load
     try:
         for seed, (name, variant) in enumerate((("vis", "vis"), ("ftis", "f-tis")), start=1):
-            cfg = node_config(tmp, name, variant, peers, seed)
+            cfg = node_config(tmp, name, variant, peers, model, seed)
             transport = start_transport(cfg.swarm, cfg.node_dir)
             parts, start = build_parts(cfg, transport=transport)
             parts.close_hooks.append(transport.shutdown)
@@ -169,90 +117,30 @@ def redteam(tmp_path_factory):
         yield nodes, attacker, _context(nodes[0].node, [h.peer_id for h in nodes]), boot
     finally:
         attacker.close()
+        restore()
         for h in nodes:
             h.node._shutdown()
         boot.shutdown()
 
 
-def _rounds(nodes: list[Honest], n: int) -> list[dict]:
-    out = []
-    for _ in range(n):
-        for h in nodes:
-            out.append({"node": h.peer_id, **h.step()})
-    return out
-
-
-def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[dict], drops_delta: dict,
-             attack: dict) -> dict:
-    others = {h.peer_id: {o.peer_id for o in nodes if o is not h} for h in nodes}
-    honest_used = [bool({s.source for s in r["samples"] if s.is_peer} & others[r["node"]]) for r in during]
-    attacker_ids = set(attack.get("identities", ()))
-    from_attacker = [s for r in during for s in r["samples"] if s.is_peer and s.source in attacker_ids]
-    return {
-        "attack": name,
-        "baseline_step_s": statistics.median(r["seconds"] for r in before),
-        "attack_step_s": statistics.median(r["seconds"] for r in during),
-        "max_attack_step_s": max(r["seconds"] for r in during),
-        "baseline_cpu_s": statistics.median(r["cpu"] for r in before),
-        "attack_cpu_s": statistics.median(r["cpu"] for r in during),
-        "baseline_rel_s": statistics.median(_relative(r) for r in before),
-        "attack_rel_s": statistics.median(_relative(r) for r in during),
-        "baseline_rel_max": max(_relative(r) for r in before),
-        "attack_rel_max": max(_relative(r) for r in during),
-        "parts_s": {part: [round(statistics.median(r["metrics"].get(f"{part}_seconds", 0.0) for r in rs), 3)
-                           for rs in (before, during)] for part in ("gen", "train")},
-        "errors": [r["error"] for r in before + during if r["error"]],
-        "nonfinite": sorted({k for r in during for k, v in r["metrics"].items()
-                             if isinstance(v, float) and not math.isfinite(v)}),
-        "honest_used_share": sum(honest_used) / len(honest_used),
-        "attacker_samples": len(from_attacker),
-        "attacker_rewards": sorted({s.reward for s in from_attacker}),
-        "drops": drops_delta,
-        "attacker": {k: v for k, v in attack.items() if k != "identities"},
-    }
-
-
-def _relative(r: dict) -> float:
-    """A step's wall time in units of its own generation's wall time (load-normalised)."""
-    return r["seconds"] / max(r["metrics"].get("gen_seconds", 0.0), 1e-3)
-
-
-def _drops(nodes: list[Honest]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for h in nodes:
-        for k, v in h.node._drops.items():
-            total[k] = total.get(k, 0) + int(v)
-    return total
-
-
-def _dht_refusals(nodes: list[Honest], boot) -> dict[str, int]:
-    """Records refused by the honest DHT processes (the bootstrap peer's included: any of them may be
-    the replica an attacker's store is sent to)."""
-    total: dict[str, int] = {}
-    for transport in [boot, *(h.node.parts.exchange.transport for h in nodes)]:
-        read = getattr(transport, "dht_refusals", None)  # (absent in older code)
-        for k, v in (read() if read is not None else {}).items():
-            total[k] = total.get(k, 0) + v
-    return total
-
-
-def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
-
-
-def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK_ROUNDS) -> dict:
-    """The attack's summary over `rounds` rounds after the attack; `raw` (optional) receives the
-    attacker's answer, identities included."""
+def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK_ROUNDS, pause_s: float = 0.0) -> dict:
+    """The attack's summary over `rounds` rounds after the attack (`pause_s` apart); `raw`
+    (optional) receives the attacker's answer, identities included."""
     nodes, attacker, ctx, boot = redteam
     before = _rounds(nodes, BASELINE_ROUNDS)
     drops0, refused0 = _drops(nodes), _dht_refusals(nodes, boot)
+    marks = [len(h.verdicts) for h in nodes]
     attack = attacker.attack(name, ctx)
     assert "error" not in attack, attack
     if raw is not None:
         raw.update(attack)
-    during = _rounds(nodes, rounds)
-    summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack)
+    during = _rounds(nodes, rounds, pause_s)
+    summary = _summary(name, nodes, before, during, _delta(_drops(nodes), drops0), attack, JITTER_S, STALL_S)
     summary["dht_refused"] = _delta(_dht_refusals(nodes, boot), refused0)
+    honest = {h.peer_id for h in nodes}  # drops of the honest nodes' own groups, by reason
+    summary["honest_drops"] = dict(Counter(r for h, m in zip(nodes, marks) for o, r in h.verdicts[m:]
+                                           if o in honest and r))
+    RUNS.append(summary)
     if os.environ.get("REDTEAM_REPORT"):
         with open(os.environ["REDTEAM_REPORT"], "a") as f:
             f.write(json.dumps(summary) + "\n")
@@ -261,13 +149,27 @@ def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK
 
 def check_bounded(s: dict, reason: str | None) -> None:
     assert not s["errors"], s
+    # No reward drop beyond the baseline's noise (redteam_measure; with 2 rounds' 32 completions a
+    # side this catches only a collapse: the suite-wide comparison, the last test, pools every attack).
+    assert s["reward"]["within_noise"], s
     assert not s["nonfinite"], s
-    assert s["attack_rel_s"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
-    # No single stalled step either (the issue's verifier bomb made 26 s and 53 s steps).
-    assert s["attack_rel_max"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0), s
+    assert s["attack_rel_s_less_jitter"] <= MAX_SLOWDOWN * s["baseline_rel_s"], s
+    # No single stalled step either (before the verification budgets a verifier bomb made 26 s and 53 s steps).
+    assert s["attack_rel_max_less_stall"] <= max(MAX_STALL * s["baseline_rel_max"], 4.0), s
     if reason is not None:
         assert s["drops"].get(reason, 0) >= 1, s
     assert s["honest_used_share"] >= 0.5, s
+
+
+def test_honest_nodes_learn(redteam) -> None:
+    """Before any attack: the warm honest nodes' completions earn reward and their steps have a
+    non-zero loss and gradient norm, so the attacks below act on nodes that learn."""
+    nodes = redteam[0]
+    rows = _rounds(nodes, LEARN_ROUNDS)
+    got = learning(rows)
+    print(json.dumps({"learning": got}))
+    assert not [r["error"] for r in rows if r["error"]], rows
+    assert got["reward_mean"] > 0 and got["loss_nonzero_steps"] >= 1 and got["grad_nonzero_steps"] >= 1, got
 
 
 # Each attack of issue 11: (name, the drop reason it must be counted under). Issue 21's version
@@ -276,11 +178,19 @@ ATTACKS = [
     ("cherry_picked_prompts", "wrong_prompt"),
     ("tiny_groups", "group_too_small"),
     ("oversized_groups", "group_too_large"),
-    ("replay", "duplicate"),
+    ("replay", None),  # "duplicate" when the replayed completions are long enough to be fingerprints
     ("poisoned_logprobs", "logprob_below_floor"),
     ("verifier_bomb", None),  # answers are pre-screened (reward 0, no verifier call), or time out and drop
     ("hedged_answers", None),
     ("sybil_share", None),
+    # Against nodes that learn: forged logprobs on groups with correct answers (bounded by C and the
+    # KL filter), a Sybil flood of small records on one index key (bounded by the per-key caps), and
+    # another tokenizer's texts (malformed: dropped; valid with forged certainty: bounded).
+    ("forged_floor_logprobs", LOGPROB_CHECK_REASON),
+    ("forged_certain_logprobs", LOGPROB_CHECK_REASON),
+    ("crosstok_malformed", "text_pieces_mismatch"),
+    ("crosstok_certain", None),
+    ("sybil_index", None),
     ("flood", None),  # refused in the DHT (checked below); what gets through is dropped as wrong_prompt
     # (or index_mismatch: its records for the next window list entries stamped in this one)
 ]
@@ -288,14 +198,36 @@ ATTACKS = [
 
 @pytest.mark.parametrize(("name", "reason"), ATTACKS, ids=[a[0] for a in ATTACKS])
 def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
-    s = run_attack(redteam, name)
+    # The Sybil index records fill the live window's key and the next two: rounds over all three.
+    # The flood's records sit in two windows' keys: rounds over both (two rounds of these ~0.2 s
+    # steps would only sample the second after it, while the replicas still take the flood in).
+    # The three malformed kinds (one identity each) get rounds enough for each to be sampled.
+    ws = redteam[2]["window_seconds"]
+    rounds, pause = {"sybil_index": (4, ws), "flood": (4, ws / 2), "crosstok_malformed": (4, 0.0)}.get(
+        name, (ATTACK_ROUNDS, 0.0))
+    s = run_attack(redteam, name, rounds=rounds, pause_s=pause)
     check_bounded(s, reason)
     if name == "replay":
         assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
+        # Warm models answer in a few tokens, below the replay rule's fingerprint length: their
+        # replays look like honest repeats of a short answer. Longer ones are refused.
+        if s["attacker"]["replayed_fingerprinted"]:
+            assert s["drops"].get("duplicate", 0) >= 1, s
     if name == "hedged_answers":
         assert s["attacker_rewards"] in ([], [0.0]), s  # no hedged answer earns a reward
     if name == "sybil_share":  # 15 fresh identities with valid groups only get the room honest peers leave
         assert s["honest_used_share"] >= 0.75, s
+    if name in ("forged_floor_logprobs", "forged_certain_logprobs", "crosstok_certain"):
+        # On the F-TIS node forged logprobs buy at most C times the weight the samples would have with
+        # honest on-policy logprobs (redteam_measure), whatever they claim.
+        ftis = s["update_share"].get("f-tis")
+        assert ftis is None or ftis["weight_gain"] <= redteam[0][1].node.cfg.objective.truncation_c + 1e-6, s
+    if name == "sybil_index":  # more identities than a key holds: refused over the cap, honest groups read
+        assert s["attacker"]["sybil_stored"] >= 1, s
+        assert s["dht_refused"].get("subkeys_per_key", 0) >= 1, s
+    if name == "crosstok_malformed":
+        for reason in ("text_invalid_utf8", "text_too_long"):
+            assert s["drops"].get(reason, 0) >= 1, s
     if name == "flood":
         a, refused = s["attacker"], s["dht_refused"]
         assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a
@@ -365,3 +297,23 @@ def test_version_grinding_takes_nothing_and_honest_rates_pass(redteam) -> None:
     admitted_by_fast = sum(1 for o, r in fast.verdicts[phase[0]:] if o == slow.peer_id and r is None)
     assert admitted_by_slow >= 1 and admitted_by_fast >= 1, (admitted_by_slow, admitted_by_fast)
     assert took_fast >= 1 and took_slow >= 1, (took_fast, took_slow)
+
+
+def test_reward_under_attack_over_the_suite() -> None:
+    """Pooled over every attack run above (the baseline rounds before each attack against the
+    rounds under it): the honest nodes kept learning (reward and non-zero gradients in the
+    baselines) and their mean reward under attack is not lower than without beyond its noise."""
+    if len(RUNS) < 5:
+        pytest.skip("too few attacks ran in this session to pool")
+    gb = [x for r in RUNS for x in r["reward"]["group_means"][0]]
+    ga = [x for r in RUNS for x in r["reward"]["group_means"][1]]
+    base, under, se = sum(gb) / len(gb), sum(ga) / len(ga), difference_noise(gb, ga)
+    pooled = {"baseline": round(base, 4), "attack": round(under, 4), "groups": [len(gb), len(ga)], "se": round(se, 4),
+              "grad_nonzero_baseline_steps": sum(r["baseline_trained"]["grad_nonzero_steps"] for r in RUNS),
+              "per_attack": {r["attack"]: [r["reward"]["baseline"], r["reward"]["attack"]] for r in RUNS}}
+    print(json.dumps({"suite_reward": pooled}))
+    if os.environ.get("REDTEAM_REPORT"):
+        with open(os.environ["REDTEAM_REPORT"], "a") as f:
+            f.write(json.dumps({"suite_reward": pooled}) + "\n")
+    assert base > 0 and pooled["grad_nonzero_baseline_steps"] >= 1, pooled
+    assert under >= base - REWARD_NOISE_SE * se, pooled
