@@ -137,7 +137,10 @@ def test_verifier_stall_attack_costs_a_bounded_time_off_the_step_thread(tmp_path
     _publish_texts(evil, "\\boxed{\\pi^{2}}")
     honest = make_node(tmp_path, swarm, "honest", extra=["generation.max_new_tokens=24", "task.peer_reward_budget_s=1.0",
                                                            "task.peer_reward_budget_per_peer_s=0.4",
-                                                               "swarm.max_peer_group_size=8"])  # the evil G
+                                                               "swarm.max_peer_group_size=8",  # the evil G
+                                                               # its forged logprobs would fail the spot
+                                                               # check first (both hold the same model)
+                                                               "swarm.spot_check.enabled=false"])
     honest.parts.reward_fn = CorrectnessReward("number", timeout_s=5.0, verify_fn=_stall_on_pi,
                                                runner=BoundedRunner(10.0))
     honest.parts.close_hooks.append(honest.parts.reward_fn.close)
