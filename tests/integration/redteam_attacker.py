@@ -272,6 +272,12 @@ class Attacker:
             # improbable: importance weight pi/pi_gen at its clamp), or 0 (certain: weight <= 1).
             lp = MIN_LOGPROB + 0.1 if name == "forged_floor_logprobs" else 0.0
             run_with(2, lambda i, v: forge.learnable_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4], lp))
+        elif name == "forged_floor_declared":
+            # The same forgery, declaring the public warm model the honest nodes hold as a reference
+            # (swarm.spot_check.reference_models): their spot check recomputes a few logprobs.
+            model = (ctx["reference_model"], ctx["reference_revision"])
+            run_with(2, lambda i, v: forge.learnable_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4],
+                                                           MIN_LOGPROB + 0.1, model))
         elif name == "crosstok_malformed":
             for kind in forge.FOREIGN_KINDS:  # one identity per kind
                 run_with(1, lambda i, v, kind=kind: forge.foreign_group(i, ctx, v, self.assigned(i, ctx, window)[v % 4],

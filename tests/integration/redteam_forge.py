@@ -28,9 +28,10 @@ FOREIGN_KINDS = ("pieces_mismatch", "invalid_utf8", "too_long")  # each one drop
 MAX_TEXT_BYTES_PER_TOKEN = 32  # the public cap (protocol/validate.py); "too_long" goes past it
 
 
-def _wire_group(ident: Any, ctx: dict, version: int, index: int, comps: tuple, fingerprint: str) -> RolloutGroup:
+def _wire_group(ident: Any, ctx: dict, version: int, index: int, comps: tuple, fingerprint: str,
+                model: tuple[str, str] = ("tiny", "")) -> RolloutGroup:
     return RolloutGroup(
-        swarm_id=ctx["swarm"], sender=ident.peer_id, model_id="tiny", model_revision="",
+        swarm_id=ctx["swarm"], sender=ident.peer_id, model_id=model[0], model_revision=model[1],
         tokenizer_fingerprint=fingerprint, policy_version=version, created_at=ctx["now"],
         prompt=PromptRef(prompt_set_id=ctx["prompt_set_id"], index=index, sha256=ctx["shas"][index]),
         sampling=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=ctx["max_new_tokens"]),
@@ -42,14 +43,16 @@ def _answers(ctx: dict, index: int) -> list[bool]:
     return [k < ctx["group_size"] - 1 for k in range(ctx["group_size"])]
 
 
-def learnable_group(ident: Any, ctx: dict, version: int, index: int, logprob: float) -> RolloutGroup:
+def learnable_group(ident: Any, ctx: dict, version: int, index: int, logprob: float,
+                    model: tuple[str, str] = ("tiny", "")) -> RolloutGroup:
     """A valid group in the receiver's tokenizer: correct answers and one wrong one, every token's
-    logprob set to `logprob`."""
+    logprob set to `logprob`, declaring `model` (id, revision): a model no node holds by default,
+    or the public warm model the honest nodes hold as a spot-check reference."""
     right, wrong = ctx["answer_tokens"][str(index)]
     comps = tuple(Completion(token_ids=np.asarray(t, np.uint32), logprobs=np.full(len(t), logprob, np.float32),
                              finish_reason="stop", claimed_reward=1.0)
                   for t in (right if ok else wrong for ok in _answers(ctx, index)))
-    return _wire_group(ident, ctx, version, index, comps, ctx["fingerprint"])
+    return _wire_group(ident, ctx, version, index, comps, ctx["fingerprint"], model)
 
 
 def _foreign_completion(text: str, kind: str, logprob: float) -> Completion:

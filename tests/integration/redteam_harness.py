@@ -116,7 +116,8 @@ def _context(node: Node, honest_peers: list[str]) -> dict:
             "group_size": G, "max_new_tokens": MAX_TOKENS, "vocab": len(tok), "fingerprint": node.parts.policy.fingerprint,
             "texts": {"bombs": bombs, "hedged": hedged}, "honest_peers": honest_peers, "easy_index": 0,
             "groups_per_identity": 4, "answer_texts": answer_texts, "answer_tokens": answer_tokens,
-            "sybil_identities": SYBIL_IDENTITIES}
+            "sybil_identities": SYBIL_IDENTITIES, "reference_model": node.parts.policy.model_id,
+            "reference_revision": node.parts.policy.revision or ""}
 
 
 def _wrong(answer: str) -> str:

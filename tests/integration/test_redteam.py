@@ -70,10 +70,10 @@ WARM_STEPS = 300
 LEARN_ROUNDS = 4  # the first test's rounds, in which the honest nodes must be seen learning
 RUNS: list[dict] = []  # every attack's summary, for the suite-wide reward comparison (the last test)
 MAX_SUBKEYS_PER_KEY = 32  # the per-key cap of every replica: the Sybil index flood holds more identities
-# The forged-logprob attacks are bounded today by the truncation C and the KL filter, with no drop
-# reason. A node that spot-checks peers' logprobs against a reference model is tested by adding its
-# config keys here and the drop reason it counts (the assertions then expect that reason too).
-LOGPROB_CHECK_OVERRIDES: list[str] = []
+# The forged-logprob attacks that declare a model no node holds are bounded by the truncation C and
+# the KL filter, with no drop reason. The honest nodes hold their public warm model as a spot-check
+# reference (swarm.spot_check.reference_models, added in node_config): a forgery declaring it is
+# dropped as logprob_mismatch.
 LOGPROB_CHECK_REASON: str | None = None
 
 
@@ -91,7 +91,8 @@ def node_config(tmp: Path, name: str, variant: str, peers: list[str], model: str
         f"swarm.max_subkeys_per_key={MAX_SUBKEYS_PER_KEY}", "checkpoint.every_steps=1000", "task.levels=[1]",
         "task.size=2000", "task.reward_timeout_s=1.0", "task.format_reward=0.0", "metrics.jsonl=false",
         # Verification budgets sized to this tiny model's ~1 s step, as an operator sizes them to theirs.
-        "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25", *LOGPROB_CHECK_OVERRIDES])
+        "task.peer_reward_budget_s=0.5", "task.peer_reward_budget_per_peer_s=0.25",
+        f"swarm.spot_check.reference_models={json.dumps([model])}"])
 
 
 
@@ -188,6 +189,7 @@ ATTACKS = [
     # another tokenizer's texts (malformed: dropped; valid with forged certainty: bounded).
     ("forged_floor_logprobs", LOGPROB_CHECK_REASON),
     ("forged_certain_logprobs", LOGPROB_CHECK_REASON),
+    ("forged_floor_declared", "logprob_mismatch"),  # declaring the reference model: spot-checked
     ("crosstok_malformed", "text_pieces_mismatch"),
     ("crosstok_certain", None),
     ("sybil_index", None),
