@@ -415,3 +415,23 @@ def test_precheck_across_tokenizers(monkeypatch, tmp_path):
     # "\\boxed{345}" is fewer trained-BPE tokens than bytes: the byte node's chunks hold several tokens
     assert rows["x"]["tokens_per_chunk"] > 1.0
     assert rows["y"]["tokens_per_chunk"] >= 1.0
+
+
+def test_run_metrics_cross_tokenizer_columns_on_known_input(tmp_path):
+    """crosstok_samples adds up over steps, own tokens per chunk is weighted by each step's
+    cross-tokenizer samples, the step time is the median."""
+    from swarm_node.experiment.summary import run_metrics
+
+    (tmp_path / "a").mkdir()
+    rows = [{"step": 1, "step_seconds": 1.0, "crosstok_samples": 8, "crosstok_tokens_per_chunk": 2.0},
+            {"step": 2, "step_seconds": 5.0, "crosstok_samples": 24, "crosstok_tokens_per_chunk": 1.0},
+            {"step": 3, "step_seconds": 2.0, "crosstok_samples": 0}]
+    (tmp_path / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    m = run_metrics(tmp_path, "a")
+    assert m["crosstok_samples"] == 32
+    assert m["crosstok_tokens_per_chunk"] == pytest.approx((8 * 2.0 + 24 * 1.0) / 32)
+    assert m["step_seconds_p50"] == 2.0
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_seconds": 3.0}) + "\n")
+    m = run_metrics(tmp_path, "b")
+    assert m["crosstok_samples"] == 0 and math.isnan(m["crosstok_tokens_per_chunk"])
