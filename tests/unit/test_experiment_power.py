@@ -435,3 +435,17 @@ def test_run_metrics_cross_tokenizer_columns_on_known_input(tmp_path):
     (tmp_path / "b" / "metrics.jsonl").write_text(json.dumps({"step": 1, "step_seconds": 3.0}) + "\n")
     m = run_metrics(tmp_path, "b")
     assert m["crosstok_samples"] == 0 and math.isnan(m["crosstok_tokens_per_chunk"])
+
+
+def test_crosstok_files_pair_two_tokenizers_with_metrics_fixed():
+    """The cross-tokenizer experiment files load, pair nodes of different tokenizers, and name their
+    primary metric before running."""
+    spec = ExperimentSpec.load(ROOT / "examples" / "sandbox_crosstok.toml")
+    bases = {n.name: n.warmup["base"] for n in spec.nodes}
+    assert bases == {"add-spec": "tiny-random:64x2:a", "sub-spec": "tiny-random:64x2:c"}
+    assert [a.name for a in spec.pair_arms(spec.pairs[0])] == ["isolated", "nois", "f-tis"]
+    assert len(spec.experiment.seeds) >= 5 and spec.metrics.primary == "weak_skill" and spec.metrics.note
+    assert spec.eval.split == "heldout" and spec.eval.problems == 1024
+    smol = ExperimentSpec.load(ROOT / "examples" / "crosstok_smollm2.toml")
+    assert {n.warmup["base"] for n in smol.nodes} == {"smollm2-135m", "tiny-random:64x2:c"}
+    assert smol.metrics.primary == "overall" and len(smol.experiment.seeds) >= 3
