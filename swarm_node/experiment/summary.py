@@ -66,7 +66,8 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 KL_ESTIMATORS = ("k3_gen", "k3_theta")
 PEER_COLUMNS = ("peer_samples_gradient", "peer_filtered_fraction", "is_weight_peer_mean",
-                *(f"kl_{e}_{s}" for e in KL_ESTIMATORS for s in ("p50", "p90", "max")), "train_reward_last5")
+                *(f"kl_{e}_{s}" for e in KL_ESTIMATORS for s in ("p50", "p90", "max")), "train_reward_last5",
+                "crosstok_samples", "crosstok_tokens_per_chunk", "step_seconds_p50")
 
 
 OFFER_COLUMNS = ("peer_groups_offered", "peer_groups_taken", "peer_cap_bound_steps")
@@ -87,8 +88,12 @@ def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
     1 - peer_samples_used / peer_samples over the run; is_weight_peer_mean: the mean importance weight
     over every peer token of the run (steps weighted by their `peer_tokens`); kl_<estimator>_p50 /
     _p90: median over the steps with peers of the step's median / 90th percentile of the per-sample
-    KL to peers; kl_<estimator>_max: the run's largest."""
+    KL to peers; kl_<estimator>_max: the run's largest. crosstok_samples: peer samples of another
+    tokenizer over the run; crosstok_tokens_per_chunk: own tokens per aligned chunk over them (steps
+    weighted by their cross-tokenizer samples; nan without any); step_seconds_p50: the median step time."""
     rows = _read_jsonl(run_dir / node / "metrics.jsonl")
+    xtok = [r for r in rows if r.get("crosstok_samples", 0.0) > 0 and "crosstok_tokens_per_chunk" in r]
+    xtok_n = sum(r["crosstok_samples"] for r in xtok)
     peer = sum(r.get("peer_samples", 0.0) for r in rows)
     used = sum(r.get("peer_samples_used", 0.0) for r in rows)
     with_peers = [r for r in rows if r.get("peer_samples", 0.0) > 0]
@@ -100,6 +105,10 @@ def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
         "is_weight_peer_mean": (sum(r.get("is_weight_peer_mean", 0.0) * r.get("peer_tokens", 0.0) for r in with_peers)
                                 / peer_tokens if peer_tokens > 0 else math.nan),
         "train_reward_last5": (sum(r.get("reward_mean", 0.0) for r in rows[-5:]) / len(rows[-5:]) if rows else math.nan),
+        "crosstok_samples": sum(r.get("crosstok_samples", 0.0) for r in rows),
+        "crosstok_tokens_per_chunk": (sum(r["crosstok_tokens_per_chunk"] * r["crosstok_samples"] for r in xtok) / xtok_n
+                                      if xtok_n > 0 else math.nan),
+        "step_seconds_p50": _median([r["step_seconds"] for r in rows if "step_seconds" in r]),
     }
     for e in KL_ESTIMATORS:
         steps = [r for r in with_peers if f"kl_peer_{e}_p50" in r]
@@ -259,8 +268,27 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
         lines.append("")
         if len(kl_lines) > 2:
             lines += [f"Per-sample KL to peers ({pair.name}):", "", *kl_lines, ""]
-        lines += offer_lines(table, spec, pair)
+        lines += offer_lines(table, spec, pair) + crosstok_lines(table, spec, pair)
     return "\n".join(lines)
+
+
+def crosstok_lines(table: dict, spec: Any, pair: Any) -> list[str]:
+    """Peer samples of another tokenizer and step time (per run, mean over seeds), for a pair whose
+    nodes took any."""
+    rows = []
+    for arm in spec.pair_arms(pair):
+        for node in pair.nodes:
+            row = table.get(f"{pair.name}|{arm.name}|{node}")
+            if row is not None and arm.variant != "isolated":
+                rows.append(f"| {arm.name} | {node} | {_fmt(row['crosstok_samples'], math.nan, 1)} | "
+                            f"{_fmt(row['crosstok_tokens_per_chunk'], math.nan, 2)} | {_fmt(row['step_seconds_p50'], math.nan, 2)} |")
+    if not any(table.get(f"{pair.name}|{a.name}|{n}", {}).get("crosstok_samples", 0.0) > 0
+               for a in spec.pair_arms(pair) for n in pair.nodes):
+        return []
+    return [f"Peer samples of another tokenizer per run ({pair.name}, mean over seeds): samples, own tokens per "
+            "aligned chunk over them, median step seconds:", "",
+            "| arm | node | cross-tokenizer samples | own tokens per chunk | step s |", "| --- | --- | --- | --- | --- |",
+            *rows, ""]
 
 
 def offer_lines(table: dict, spec: Any, pair: Any) -> list[str]:
