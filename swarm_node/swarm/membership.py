@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from swarm_node.swarm.periodic import PeriodicThread
+
 log = logging.getLogger(__name__)
 
 
@@ -69,8 +71,10 @@ class KeeperStats:
     last: Health | None = None
 
 
-class MembershipKeeper:
+class MembershipKeeper(PeriodicThread):
     """See module doc. `tick()` is one check (tests drive it with a fake dialer and clock)."""
+
+    thread_name = "membership"
 
     def __init__(self, dialer: Dialer, initial_peers: Sequence[str] = (), *, min_peers: int = 1,
                  check_interval_s: float = 3.0, heal_after_s: float = 6.0, backoff_base_s: float = 2.0,
@@ -93,8 +97,7 @@ class MembershipKeeper:
         self._backoff = backoff_base_s
         self._next_try = 0.0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
 
     # ---- what the keeper knows ------------------------------------------------------------
 
@@ -167,26 +170,6 @@ class MembershipKeeper:
         self._backoff = self.backoff_base_s if answered else min(self._backoff * 2, self.backoff_max_s)
         self._next_try = self.clock() + self._backoff
         return health
-
-    # ---- background thread ----------------------------------------------------------------
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="membership", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.check_interval_s):
-            try:
-                self.tick()
-            except RuntimeError as e:  # the transport shut down under us: stop quietly
-                log.debug("membership keeper stops: %s", e)
-                return
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
 
     def snapshot(self) -> dict[str, Any]:
         """Health numbers for a step's metrics (what the last check saw)."""

@@ -65,6 +65,7 @@ from collections import Counter
 from protocol import keys
 from protocol.messages import PromptSetTombstone
 from swarm_node.metrics import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
+from swarm_node.swarm.periodic import PeriodicThread
 from swarm_node.swarm.prompts import PromptSetRecords, VerifiedRecord, ended_message, read_records
 from swarm_node.swarm.transport import DropCounter, Transport
 
@@ -88,7 +89,7 @@ def share_offset(peer_id: str, n_chunks: int) -> int:
     return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % max(1, n_chunks)
 
 
-class PromptSetKeeper:
+class PromptSetKeeper(PeriodicThread):
     """Keeps one prompt set alive from one node. `tick()` is one check (tests drive it with a fake
     transport and clock); `start()` runs it every `check_interval_s` in a daemon thread.
 
@@ -96,6 +97,8 @@ class PromptSetKeeper:
     manifest read, which then must also sign the tombstone). ttl_s: the expiration given to each
     re-store (the node's `swarm.record_ttl_s`). budget_bytes: manifest plus chunks held and re-stored.
     """
+
+    thread_name = "prompt-keeper"
 
     def __init__(self, transport: Transport, swarm_id: str, prompt_set_id: str, owner: str | bytes | None, *,
                  ttl_s: float, budget_bytes: int, timeout: float = 10.0, rng: random.Random | None = None,
@@ -125,8 +128,7 @@ class PromptSetKeeper:
         self._reported = (0, 0, DropCounter())
         self._error: BaseException | None = None
         self._drops_lock = threading.Lock()  # the step loop copies `drops` while this thread counts
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_thread()
 
     # ---- one check ------------------------------------------------------------------------
 
@@ -291,27 +293,17 @@ class PromptSetKeeper:
         self._reported = (self._reported[0], self._reported[1], now)
         return Counter({k: v - seen.get(k, 0) for k, v in now.items() if v - seen.get(k, 0) > 0})
 
-    # ---- background thread ------------------------------------------------------------------
+    # ---- background thread (swarm/periodic.py) ----------------------------------------------
 
-    def start(self) -> None:
-        if self._thread is None and self.budget_bytes > 0:
-            self._thread = threading.Thread(target=self._run, name="prompt-keeper", daemon=True)
-            self._thread.start()
+    def _wants_thread(self) -> bool:
+        return self.budget_bytes > 0
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.check_interval_s):
-            try:
-                self.tick()
-            except RuntimeError as e:  # the transport shut down under us: stop quietly
-                log.debug("prompt-set keeper stops: %s", e)
-                return
-            except Exception as e:  # noqa: BLE001  (surfaced in the step loop by step_metrics)
-                self._error = e
-                return
-            if self.ended is not None:
-                return
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+    def _tick_once(self) -> bool:
+        try:
+            self.tick()
+        except RuntimeError:
+            raise  # the transport shut down: PeriodicThread stops quietly
+        except Exception as e:  # noqa: BLE001  (surfaced in the step loop by step_metrics)
+            self._error = e
+            return False
+        return self.ended is None
