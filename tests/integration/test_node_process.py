@@ -51,6 +51,11 @@ def peer_id_in(log: Path) -> list[str]:
     return re.findall(r"peer id (\S+)", log.read_text(errors="replace"))
 
 
+def ledger_offered(node_dir: Path, peer: str) -> int:
+    rows = {r["peer_id"]: r for r in load_rows(node_dir / LEDGER_FILE)} if (node_dir / LEDGER_FILE).exists() else {}
+    return int(rows.get(peer, {}).get("offered", 0))
+
+
 def test_kill_and_resume_as_same_peer(tmp_path):
     bootstrap = start_transport(SwarmConfig(swarm_id=SWARM, host_maddrs=["/ip4/127.0.0.1/tcp/0"]), tmp_path / "boot")
     procs: list[subprocess.Popen] = []
@@ -61,6 +66,12 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         cfgs = [write_config(tmp_path / f"n{i}.toml", d, tmp_path / "cache", peers, i) for i, d in enumerate(dirs)]
         procs = [start(c, log) for c, log in zip(cfgs, logs)]
         wait_until(lambda: all(len(steps(d)) >= 4 for d in dirs), 240, "both nodes to take 4 steps", procs)
+        # The victim's written ledger must already hold the other peer (it is written with each
+        # checkpoint): the node that starts first can reach its first checkpoints before the other
+        # has published anything.
+        other = peer_id_in(logs[1])[0]
+        wait_until(lambda: ledger_offered(dirs[0], other) >= 1, 240,
+                   "the victim's ledger to record the other's groups", procs)
 
         victim = procs[0]
         victim.send_signal(signal.SIGKILL)
@@ -73,7 +84,6 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         assert checkpoint_step >= 3
         before_restart = steps(dirs[0])
         # The ledger written with the last checkpoint (or later, every metrics.ledger_every_steps).
-        other = peer_id_in(logs[1])[0]
         saved = {r["peer_id"]: r for r in load_rows(dirs[0] / LEDGER_FILE)}
         assert other in saved and saved[other]["offered"] >= 1, saved
         procs[0] = start(cfgs[0], logs[0])
