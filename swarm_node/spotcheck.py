@@ -24,26 +24,33 @@ beyond the step's budget (`max_tokens_per_step` forwarded tokens, `budget_s` sec
 tokens will be checked: forging fewer than half of its tokens passes the median, forging most fails.
 
 Tolerance, measured (benchmarks/spotcheck_tolerance.py on this 2-core CPU: honest groups of 4
-completions x <= 32 tokens at temperature 1 on arithmetic prompts, sampled by this node's HF sampler
-with the model in float32 and in bfloat16, each group rechecked by HF in float32 and in bfloat16,
-8 positions of 2 completions; per-group median exp(|delta|) - 1; "checks" = group x scoring dtype):
+completions x <= 32 tokens at temperature 1 on arithmetic prompts, sampled by this node's generator
+(`--backend hf`: HFGenerator; `--backend vllm`: VLLMGenerator, vLLM 0.32 on CPU) with the model in
+float32 and in bfloat16, each group rechecked by HF in float32 and in bfloat16, 8 positions of 2
+completions; per-group median exp(|delta|) - 1; "checks" = group x scoring dtype; results in
+docs/results.md "Logprob spot-check tolerance"):
 
-    model                                   checks  fp32 -> fp32   worst with bfloat16   p99
-    tiny-random:128x2 (random)                 640  5e-7           0.0077                0.0071
-    tiny-random:256x2-tied:b (random)          640  1e-6           0.0133                0.0099
-    the same two, warmed 120 steps (x2 seeds) 2560  6e-7           0.0010                4e-5
-    SmolLM2-135M (embedded; 2 seeds)           256  1.3e-5         0.0727                0.064
+    sampler  model                                   checks  fp32 -> fp32   worst with bfloat16   p99
+    HF       tiny-random:128x2 (random)                 640  5e-7           0.0077                0.0071
+    HF       tiny-random:256x2-tied:b (random)          640  1e-6           0.0133                0.0099
+    HF       the same two, warmed 120 steps (x2 seeds) 2560  6e-7           0.0010                4e-5
+    HF       SmolLM2-135M (embedded; 2 seeds)           256  1.3e-5         0.0727                0.064
+    vLLM     tiny-random:128x2 (random)                 640  7e-7           0.0082                0.0075
+    vLLM     tiny-random:256x2-tied:b (random)          640  1.2e-6         0.0107                0.0096
+    vLLM     the same two, warmed 120 steps            1280  6e-7           0.0015                4e-5
+    vLLM     SmolLM2-135M (embedded)                    256  1.7e-5         0.0687                0.064
 
-0 of 4,096 honest checks exceeded 0.25 (no false positive). The default tolerance 0.25 is 3.4x the
-worst honest group measured (SmolLM2, float32 sampling rechecked in bfloat16). Forged copies of
+0 of 6,912 honest checks exceeded 0.25 (no false positive: below 1 in 1,000 with margin). The
+default tolerance 0.25 is 3.4x the worst honest group measured (SmolLM2, HF float32 sampling
+rechecked in bfloat16; vLLM's worst, bfloat16 rechecked in bfloat16, is 0.069). Forged copies of
 the same groups at the same positions: logprobs lowered by log C = log 2 (every weight at C, the
 most F-TIS allows; exp(|delta|) - 1 = 1) and by log 1.5 (0.5) were caught in every check, and so
 was the floor (-50). An undetected forger gains at most a factor 1.25 on its weights. Declaring 0
-("certainty") is caught only where the model is not nearly certain: 35 of 80 SmolLM2 checks, 0 of
-the warmed tiny models' (their tokens are nearly certain, so 0 is nearly the truth); such a
-forgery lowers the importance weight (pi_theta / 1 <= 1), it does not amplify. vLLM's logprobs
-were not measured (its environment is not built in this tree): `--backend vllm` measures them;
-bfloat16 on GPUs and larger models may stray further: measure before tightening the tolerance.
+("certainty") is caught only where the model is not nearly certain: 35 of 80 HF and 137 of 256 vLLM
+SmolLM2 checks, all 1,280 vLLM checks of the random tiny models, 0 of the warmed tiny models'
+(their tokens are nearly certain, so 0 is nearly the truth); such a forgery lowers the importance
+weight (pi_theta / 1 <= 1), it does not amplify. bfloat16 on GPUs and larger models may stray further: measure with this
+benchmark before tightening the tolerance.
 
 What bounds a liar whose model this node cannot load: only the F-TIS weight cap C and the KL /
 advantage filter (objective.py). A forged logprob moves a token's weight min(pi_theta / pi_gen, C)
