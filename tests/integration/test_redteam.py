@@ -64,6 +64,9 @@ MAX_STALL = 2.0  # the slowest step under attack / the slowest without
 # budget, task.peer_reward_budget_s = 0.5 s, plus jitter). A wait on a fetch timeout
 # (swarm.fetch_timeout_s = 4 s) or a verifier stall still fails.
 JITTER_S, STALL_S = 0.25, 1.0
+# Between the rounds under attack: gathers run off the step thread, and on a loaded machine a DHT read
+# can outlast several of these short steps (seen: no peer group at all in two back-to-back rounds).
+ROUND_PAUSE_S = 1.0
 WARM_BASE = "tiny-random:64x1:a"  # both honest nodes start from its warm model (conftest.warm_model)
 # 300 warm-up steps: about 0.13 of its sampled level-1 answers earn reward (120 steps: about 0.07).
 WARM_STEPS = 300
@@ -124,7 +127,8 @@ def redteam(tmp_path_factory, warm_model):
         boot.shutdown()
 
 
-def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK_ROUNDS, pause_s: float = 0.0) -> dict:
+def run_attack(redteam, name: str, raw: dict | None = None, rounds: int = ATTACK_ROUNDS,
+               pause_s: float = ROUND_PAUSE_S) -> dict:
     """The attack's summary over `rounds` rounds after the attack (`pause_s` apart); `raw`
     (optional) receives the attacker's answer, identities included."""
     nodes, attacker, ctx, boot = redteam
@@ -205,9 +209,14 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
     # steps would only sample the second after it, while the replicas still take the flood in).
     # The three malformed kinds (one identity each) get rounds enough for each to be sampled.
     ws = redteam[2]["window_seconds"]
-    rounds, pause = {"sybil_index": (4, ws), "flood": (4, ws / 2), "crosstok_malformed": (4, 0.0)}.get(
-        name, (ATTACK_ROUNDS, 0.0))
-    s = run_attack(redteam, name, rounds=rounds, pause_s=pause)
+    rounds, pause = {"sybil_index": (4, ws), "flood": (4, ws / 2), "crosstok_malformed": (4, ROUND_PAUSE_S)}.get(
+        name, (ATTACK_ROUNDS, ROUND_PAUSE_S))
+    expected = [r for r in (reason, *(("text_invalid_utf8", "text_too_long") if name == "crosstok_malformed" else ()))
+                if r is not None]
+    for _attempt in range(3):  # gathers are best-effort samples: an attack no gather read is made again
+        s = run_attack(redteam, name, rounds=rounds, pause_s=pause)
+        if all(s["drops"].get(r, 0) >= 1 for r in expected):
+            break
     check_bounded(s, reason)
     if name == "replay":
         assert s["attacker"]["replayed"] >= 1, s  # the attacker did find honest groups to replay
@@ -227,9 +236,8 @@ def test_attack_is_bounded(redteam, name: str, reason: str | None) -> None:
     if name == "sybil_index":  # more identities than a key holds: refused over the cap, honest groups read
         assert s["attacker"]["sybil_stored"] >= 1, s
         assert s["dht_refused"].get("subkeys_per_key", 0) >= 1, s
-    if name == "crosstok_malformed":
-        for reason in ("text_invalid_utf8", "text_too_long"):
-            assert s["drops"].get(reason, 0) >= 1, s
+    for r in expected:  # (crosstok_malformed: each malformed kind under its own reason)
+        assert s["drops"].get(r, 0) >= 1, s
     if name == "flood":
         a, refused = s["attacker"], s["dht_refused"]
         assert a["far_future_accepted"] == 0 and a["garbage_accepted"] == 0 and a["foreign_accepted"] == 0, a
