@@ -4,7 +4,6 @@ step; samples received from another tokenizer train this node's model through th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,19 +18,9 @@ from swarm_node.policy.trainer import Trainer
 from swarm_node.policy.types import TrainSample
 from swarm_node.tasks.prompts import render_prompt
 from tests.unit.test_crosstok_receive import Sent
-from tests.unit.test_policy_trainer import make_samples, params
+from tests.unit.test_policy_trainer import cache, make_samples, params  # noqa: F401 (cache: a fixture)
 
 FTIS = ObjectiveConfig(variant="f-tis")
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield tmp_path_factory.mktemp("m")
-    finally:
-        torch.set_num_threads(threads)
 
 
 def policy(cache: Path, variant: str = "a") -> Policy:
