@@ -28,7 +28,7 @@ completions x <= 32 tokens at temperature 1 on arithmetic prompts, sampled by th
 (`--backend hf`: HFGenerator; `--backend vllm`: VLLMGenerator, vLLM 0.32 on CPU) with the model in
 float32 and in bfloat16, each group rechecked by HF in float32 and in bfloat16, 8 positions of 2
 completions; per-group median exp(|delta|) - 1; "checks" = group x scoring dtype; results in
-docs/results.md "Logprob spot-check tolerance"):
+docs/results.md "Hostile peers, round 2"):
 
     sampler  model                                   checks  fp32 -> fp32   worst with bfloat16   p99
     HF       tiny-random:128x2 (random)                 640  5e-7           0.0077                0.0071
@@ -49,8 +49,8 @@ was the floor (-50). An undetected forger gains at most a factor 1.25 on its wei
 ("certainty") is caught only where the model is not nearly certain: 35 of 80 HF and 137 of 256 vLLM
 SmolLM2 checks, all 1,280 vLLM checks of the random tiny models, 0 of the warmed tiny models'
 (their tokens are nearly certain, so 0 is nearly the truth); such a forgery lowers the importance
-weight (pi_theta / 1 <= 1), it does not amplify. bfloat16 on GPUs and larger models may stray further: measure with this
-benchmark before tightening the tolerance.
+weight (pi_theta / 1 <= 1), it does not amplify. bfloat16 on GPUs and larger models may stray
+further: measure with this benchmark before tightening the tolerance.
 
 What bounds a liar whose model this node cannot load: only the F-TIS weight cap C and the KL /
 advantage filter (objective.py). A forged logprob moves a token's weight min(pi_theta / pi_gen, C)

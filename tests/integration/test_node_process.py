@@ -51,9 +51,10 @@ def peer_id_in(log: Path) -> list[str]:
     return re.findall(r"peer id (\S+)", log.read_text(errors="replace"))
 
 
-def ledger_offered(node_dir: Path, peer: str) -> int:
-    rows = {r["peer_id"]: r for r in load_rows(node_dir / LEDGER_FILE)} if (node_dir / LEDGER_FILE).exists() else {}
-    return int(rows.get(peer, {}).get("offered", 0))
+def ledger(node_dir: Path) -> dict[str, dict]:
+    """The node's written peer ledger by peer id ({} before its first write)."""
+    path = node_dir / LEDGER_FILE
+    return {r["peer_id"]: r for r in load_rows(path)} if path.exists() else {}
 
 
 def test_kill_and_resume_as_same_peer(tmp_path):
@@ -70,7 +71,7 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         # checkpoint): the node that starts first can reach its first checkpoints before the other
         # has published anything.
         other = peer_id_in(logs[1])[0]
-        wait_until(lambda: ledger_offered(dirs[0], other) >= 1, 240,
+        wait_until(lambda: ledger(dirs[0]).get(other, {}).get("offered", 0) >= 1, 240,
                    "the victim's ledger to record the other's groups", procs)
 
         victim = procs[0]
@@ -84,7 +85,7 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         assert checkpoint_step >= 3
         before_restart = steps(dirs[0])
         # The ledger written with the last checkpoint (or later, every metrics.ledger_every_steps).
-        saved = {r["peer_id"]: r for r in load_rows(dirs[0] / LEDGER_FILE)}
+        saved = ledger(dirs[0])
         assert other in saved and saved[other]["offered"] >= 1, saved
         procs[0] = start(cfgs[0], logs[0])
         wait_until(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
@@ -104,7 +105,7 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         final = int((dirs[1] / "checkpoints" / "latest").read_text().strip().split("-")[-1])
         assert final == steps(dirs[1])[-1]
         # The restarted node went on counting from the saved ledger (its shutdown wrote it again).
-        after = {r["peer_id"]: r for r in load_rows(dirs[0] / LEDGER_FILE)}[other]
+        after = ledger(dirs[0])[other]
         assert after["first_seen"] == saved[other]["first_seen"]
         assert after["offered"] >= saved[other]["offered"] and after["taken"] >= saved[other]["taken"]
         assert after["reputation"]["good"] + after["reputation"]["faults"] > 0
