@@ -204,11 +204,21 @@ class TaskConfig(_Section):
         ),
     )
 
+    wording: Literal["standard", "unseen"] = Field(
+        "standard",
+        description=(
+            "Arithmetic levels 1-2: `unseen` asks in sentences no `standard` problem uses, an out-of-distribution "
+            "evaluation set (`eval.ood_task` of an experiment)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_levels(self) -> TaskConfig:
         bad = [lv for lv in self.levels if not 1 <= lv <= 9]
         if bad:
             raise ValueError(f"task.levels must lie in 1..9, got {bad}")
+        if self.wording != "standard" and (self.name != "arithmetic" or any(lv > 2 for lv in self.levels)):
+            raise ValueError(f"task.wording={self.wording!r} exists for the arithmetic task's levels 1-2 only")
         return self
 
 

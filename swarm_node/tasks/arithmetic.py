@@ -10,6 +10,10 @@ on demand. Difficulty levels (answers are always non-negative integers):
     4  two-step word problems (buy k packs of m, then give some away, ...)
     5+ multi-step problems (three or more operations, exact division); numbers grow with the level
 
+Wording `unseen` (levels 1-2 only) asks the same kind of question in other sentences, used by no
+training or warm-up set: an out-of-distribution evaluation set that tests new wording of a known
+skill (its problems are drawn from their own stream, so they are also other questions).
+
 Level 1 exists because a 135M-parameter chat model solves it only sometimes: GRPO learns only
 from groups whose rewards differ.
 
@@ -34,6 +38,7 @@ _ITEMS = ("apples", "pencils", "stickers", "marbles", "cookies", "books", "stamp
 _CONTAINERS = ("boxes", "bags", "packs", "jars", "baskets")
 
 Generated = tuple[str, int]  # (question text, integer answer)
+WORDINGS = ("standard", "unseen")
 
 
 def _pick(rng: random.Random, seq: Sequence[str]) -> str:
@@ -72,13 +77,36 @@ def _add_sub(rng: random.Random, lo: int, hi: int, direct_share: float) -> Gener
     return q, a - b
 
 
+def _add_sub_unseen(rng: random.Random, lo: int, hi: int) -> Generated:
+    """One addition or subtraction in sentences no `standard` problem uses."""
+    name = _pick(rng, _NAMES)
+    item = _pick(rng, _ITEMS)
+    a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+    story = rng.randrange(2)
+    if rng.random() < 0.5:
+        if story == 0:
+            q = f"{name} found {a} {item} in the morning and {b} {item} in the evening. How many {item} did {name} find in all?"
+        else:
+            q = f"Add {b} {item} to a pile of {a} {item}. How big is the pile?"
+        return q, a + b
+    a, b = max(a, b), min(a, b)
+    if story == 0:
+        q = f"{name} had {a} {item} and lost {b} of them on the way home. How many {item} remain?"
+    else:
+        q = f"Of {a} {item}, {b} are red and the rest are blue. How many {item} are blue?"
+    return q, a - b
+
+
+_LEVEL_RANGES = {1: (1, 9), 2: (10, 99)}
+
+
 def _level1(rng: random.Random, level: int) -> Generated:
     # The embedded 135M model solves direct questions far more often than stories: keep it learnable.
-    return _add_sub(rng, 1, 9, direct_share=0.6)
+    return _add_sub(rng, *_LEVEL_RANGES[1], direct_share=0.6)
 
 
 def _level2(rng: random.Random, level: int) -> Generated:
-    return _add_sub(rng, 10, 99, direct_share=1 / 3)
+    return _add_sub(rng, *_LEVEL_RANGES[2], direct_share=1 / 3)
 
 
 def _level3(rng: random.Random, level: int) -> Generated:
@@ -149,19 +177,27 @@ def _level_multi(rng: random.Random, level: int) -> Generated:
 _GENERATORS: dict[int, Callable[[random.Random, int], Generated]] = {1: _level1, 2: _level2, 3: _level3, 4: _level4}
 
 
-def arithmetic_problem(seed: int, level: int, index: int) -> Problem:
+def arithmetic_problem(seed: int, level: int, index: int, wording: str = "standard") -> Problem:
     """Problem `index` of the given level, deterministic across processes and platforms: the
     Mersenne Twister stream is seeded from a sha256 of the arguments, not from Python's salted hash
     (CPython keeps seeding, randrange and random stable across versions)."""
     if not 1 <= level <= MAX_LEVEL:
         raise ValueError(f"arithmetic level must be in 1..{MAX_LEVEL}, got {level}")
-    digest = hashlib.sha256(f"arithmetic|{seed}|{level}|{index}".encode()).digest()
+    if wording not in WORDINGS:
+        raise ValueError(f"arithmetic wording must be one of {', '.join(WORDINGS)}, got {wording!r}")
+    if wording == "unseen" and level not in _LEVEL_RANGES:
+        raise ValueError(f"arithmetic wording 'unseen' exists for levels 1-2 only, got level {level}")
+    key = f"arithmetic|{seed}|{level}|{index}" + ("" if wording == "standard" else f"|{wording}")
+    digest = hashlib.sha256(key.encode()).digest()
     rng = random.Random(int.from_bytes(digest[:16], "little"))
-    question, answer = _GENERATORS.get(level, _level_multi)(rng, level)
+    if wording == "unseen":
+        question, answer = _add_sub_unseen(rng, *_LEVEL_RANGES[level])
+    else:
+        question, answer = _GENERATORS.get(level, _level_multi)(rng, level)
     return Problem(index=index, question=question, answer=str(answer))
 
 
-def arithmetic_prompt_set(levels: Sequence[int], size: int, seed: int = 0) -> PromptSet:
+def arithmetic_prompt_set(levels: Sequence[int], size: int, seed: int = 0, wording: str = "standard") -> PromptSet:
     """`size` problems cycling through `levels` (problem i has level levels[i % len(levels)]).
 
     The id hashes the generated problems, so two nodes agree on it exactly when they hold the same set."""
@@ -169,6 +205,6 @@ def arithmetic_prompt_set(levels: Sequence[int], size: int, seed: int = 0) -> Pr
         raise ValueError("arithmetic task needs at least one level")
     if size < 1:
         raise ValueError(f"arithmetic set size must be >= 1, got {size}")
-    problems = tuple(arithmetic_problem(seed, levels[i % len(levels)], i) for i in range(size))
+    problems = tuple(arithmetic_problem(seed, levels[i % len(levels)], i, wording) for i in range(size))
     return PromptSet(id=content_id("arithmetic", problems), answer_kind="number", problems=problems)
 

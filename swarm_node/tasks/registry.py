@@ -20,7 +20,7 @@ def load_prompt_set(cfg: TaskConfig) -> PromptSet:
     """The prompt set `cfg` names. `source` defaults to the hub id for gsm8k/math500 (MATH-500 has a
     single split, `test`, so `split` applies to GSM8K only)."""
     if cfg.name == "arithmetic":
-        return arithmetic_prompt_set(cfg.levels, cfg.size, cfg.seed)
+        return arithmetic_prompt_set(cfg.levels, cfg.size, cfg.seed, cfg.wording)
     if cfg.name == "gsm8k":
         return load_gsm8k(cfg.source or GSM8K_HUB_ID, split=cfg.split, limit=cfg.limit)
     if cfg.name == "math500":

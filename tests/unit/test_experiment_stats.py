@@ -108,6 +108,7 @@ def test_spec_rejects_unknown_nodes_and_variants(tmp_path):
 
 
 EXAMPLES = ["examples/sandbox_grid.toml", "examples/embedded_scale.toml", "examples/embedded_power.toml",
+            "examples/sandbox_power_long.toml",
             "examples/paper_gpu_replication/experiment.toml"]
 
 
