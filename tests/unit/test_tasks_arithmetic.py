@@ -90,3 +90,51 @@ def test_load_prompt_set_uses_config_and_rejects_bad_levels() -> None:
         TaskConfig(levels=[])
     with pytest.raises(ValueError):
         arithmetic_problem(0, MAX_LEVEL + 1, 0)
+
+
+def _solve_unseen(question: str) -> int:
+    """An independent solver for the `unseen` wording's templates."""
+    n = [int(x) for x in re.findall(r"\d+", question)]
+    if "in the morning" in question or question.startswith("Add "):
+        return n[0] + n[1]
+    if "lost" in question or "are red" in question:
+        return n[0] - n[1]
+    raise AssertionError(f"unknown template: {question}")
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_unseen_wording_is_correct_and_shares_no_sentence_with_the_standard_wording(level: int) -> None:
+    from swarm_node.experiment.warmup import problem_op
+
+    unseen = [arithmetic_problem(5, level, i, "unseen") for i in range(400)]
+    standard = [arithmetic_problem(5, level, i) for i in range(400)]
+    lo, hi = (1, 9) if level == 1 else (10, 99)
+    for p in unseen:
+        assert int(p.answer) == _solve_unseen(p.question) >= 0, p.question
+        assert all(lo <= int(x) <= hi for x in re.findall(r"\d+", p.question))
+        # the evaluation's per-skill split reads the operation from the numbers
+        assert problem_op(p) == ("add" if int(p.answer) == sum(int(x) for x in re.findall(r"\d+", p.question)[:2]) else "sub")
+
+    def sentences(ps):
+        return {re.sub(r"\d+", "N", s.strip()) for p in ps for s in re.split(r"[.?]", p.question) if s.strip()}
+
+    assert not sentences(unseen) & sentences(standard)
+    assert {problem_op(p) for p in unseen} == {"add", "sub"}
+    assert len({p.question for p in unseen}) > 300  # names and items: far more than the 81 number pairs
+    assert unseen == [arithmetic_problem(5, level, i, "unseen") for i in range(400)]  # deterministic
+
+
+def test_unseen_wording_through_the_config_and_its_bounds() -> None:
+    s = load_prompt_set(TaskConfig(levels=[1], size=8, seed=3, wording="unseen"))
+    assert s.problems == tuple(arithmetic_problem(3, 1, i, "unseen") for i in range(8))
+    assert s.id != load_prompt_set(TaskConfig(levels=[1], size=8, seed=3)).id
+    with pytest.raises(ValueError, match="levels 1-2 only"):
+        TaskConfig(levels=[1, 3], wording="unseen")
+    with pytest.raises(ValueError, match="levels 1-2 only"):
+        TaskConfig(name="gsm8k", wording="unseen")
+    with pytest.raises(ValueError):
+        TaskConfig(wording="other")
+    with pytest.raises(ValueError, match="levels 1-2 only"):
+        arithmetic_problem(0, 3, 0, "unseen")
+    with pytest.raises(ValueError, match="wording must be one of"):
+        arithmetic_problem(0, 1, 0, "other")
