@@ -9,6 +9,11 @@ isolated arm, mean and 95% Student-t interval over seeds (`summary.summarise`'s 
 
 An interval "clears 0" when its lower end is above 0 (gain) or its upper end below 0 (loss); a
 single seed (no interval) clears nothing.
+
+When the file declares a "just more samples" reference (an isolated arm with `own_budget` > 1, such as
+`isolated-2x`), each metric also gets the swarm arms' paired Δ AUC to that reference
+(`d_aucs_reference`): above 0, the peers gave a node more than twice its own samples would have;
+level or below, the gain over isolated is no more than more samples give.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ def metric_rows(table: dict, spec: Any, metric: Metric) -> list[dict[str, Any]]:
                             "key": key, "d_auc": mean,
                             "half": half, "auc": row["aucs"][key][0], "n": len(row["seeds"]),
                             "verdict": verdict(mean, half)})
+                if key in row.get("d_aucs_reference", {}):
+                    ref_mean, ref_half = row["d_aucs_reference"][key]
+                    out[-1].update(reference=row["reference"], d_auc_reference=ref_mean, half_reference=ref_half,
+                                   verdict_reference=verdict(ref_mean, ref_half))
     return out
 
 
@@ -78,7 +87,21 @@ def metric_markdown(rows: list[dict[str, Any]], metric: Metric, primary: bool) -
     gains = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "gain"]
     losses = [f"{r['pair']}/{r['arm']}/{r['node']}" for r in rows if r["verdict"] == "loss"]
     lines += ["", f"Intervals above 0: {', '.join(gains) or 'none'}. Below 0: {', '.join(losses) or 'none'}.", ""]
-    return lines
+    return lines + reference_markdown(rows)
+
+
+def reference_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The swarm arms against the "just more samples" reference (none without one)."""
+    rows = [r for r in rows if "reference" in r]
+    if not rows:
+        return []
+    ref = rows[0]["reference"]
+    lines = [f"Swarm arms against `{ref}` (more own samples, no peers), paired by seed: above 0, peers gave the node "
+             "more than the reference's extra own samples did.", "",
+             f"| pair | arm | node | Δ AUC vs {ref} | clears 0 | n |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['pair']} | {r['arm']} | {r['node']} | {_fmt(r['d_auc_reference'], r['half_reference'])} | "
+              f"{r['verdict_reference']} | {r['n']} |" for r in rows]
+    return lines + [""]
 
 
 def fixed_metrics(table: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:

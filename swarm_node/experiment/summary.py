@@ -188,6 +188,26 @@ def isolated_runs(data: dict, pair: Any, node: str, spec: Any) -> dict:
     return {}
 
 
+def reference_runs(data: dict, pair: Any, node: str, spec: Any) -> tuple[str, dict] | None:
+    """The node's "just more samples" reference runs (an isolated arm with `own_budget` > 1), found like
+    `isolated_runs`: (arm name, runs), or None when the file declares no reference."""
+    refs = [a.name for a in spec.arms if a.variant == "isolated" and a.own_budget > 1]
+    if not refs:
+        return None
+    for other in [pair, *spec.pairs]:
+        runs = data.get(other.name, {}).get(refs[0], {}).get(node, {})
+        if runs:
+            return refs[0], runs
+    return None
+
+
+def _paired(runs: dict, base: dict, keys: list[str]) -> dict[str, tuple[float, float]]:
+    """Per accuracy key: mean and interval of the per-seed AUC differences `runs` - `base`."""
+    seeds = sorted(s for s in runs if s in base)
+    return {k: mean_ci([runs[s]["aucs"][k] - base[s]["aucs"][k] for s in seeds if k in base[s].get("aucs", {})])
+            for k in keys}
+
+
 def _fmt(m: float, h: float, digits: int = 3) -> str:
     if math.isnan(m):
         return "-"
@@ -211,10 +231,11 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
                 iso = isolated_runs(data, pair, node, spec)
                 paired = sorted(s for s in runs if s in iso)
                 keys = sorted(set.intersection(*(set(r.get("aucs", {})) for r in runs.values())))
+                ref = reference_runs(data, pair, node, spec) if arm.variant != "isolated" else None
                 row = {"seeds": sorted(runs),
                        "aucs": {k: mean_ci([r["aucs"][k] for r in runs.values()]) for k in keys},
-                       "d_aucs": {k: mean_ci([runs[s]["aucs"][k] - iso[s]["aucs"][k] for s in paired
-                                              if k in iso[s].get("aucs", {})]) for k in keys},
+                       "d_aucs": _paired(runs, iso, keys),
+                       **({"reference": ref[0], "d_aucs_reference": _paired(runs, ref[1], keys)} if ref else {}),
                        "final": mean_ci([r["final"] for r in runs.values()]),
                        "auc": mean_ci([r["auc"] for r in runs.values()]),
                        "d_final": mean_ci([runs[s]["final"] - iso[s]["final"] for s in paired]),

@@ -178,3 +178,34 @@ def test_summary_statistics_on_a_known_run(tmp_path):
     assert "| f-tis | a | 0.500 | 0.375 | 0.125 | 0.062 | 5 | 0.56 | 0.80 | 1 |" in md
     assert "| f-tis | a | 0.2 | 1.5 | 3 | 0.3 | 6 | 1e+06 |" in md
     assert "| isolated | a | 0.375 | 0.312 |  |  |  |  |  | 1 |" in md
+
+
+def test_swarm_arms_are_compared_with_the_more_samples_reference(tmp_path):
+    """Δ AUC of a swarm arm to the isolated-2x reference, paired by seed, in summary.json's rows and summary.md."""
+    from swarm_node.experiment.primary import fixed_metrics
+
+    text = SPEC.replace('[[arms]]\nname = "f-tis"', '[[arms]]\nname = "isolated-2x"\nvariant = "isolated"\n'
+                        'own_budget = 2\n[[arms]]\nname = "f-tis"') + '[metrics]\nprimary = "overall"\n'
+    spec = _spec(tmp_path, text)
+    aucs = {"isolated": [0.20, 0.50, 0.30], "isolated-2x": [0.30, 0.55, 0.40], "f-tis": [0.35, 0.60, 0.40]}
+
+    def run(v):
+        return {"final": v, "auc": v, "aucs": {"accuracy": v}}
+
+    data = {"all": {arm: {"a": {s: run(v) for s, v in enumerate(vs)}} for arm, vs in aucs.items()}}
+    table = summarise(data, spec)
+    row = table["all|f-tis|a"]
+    assert row["reference"] == "isolated-2x"
+    mean, half = row["d_aucs_reference"]["accuracy"]  # differences 0.05, 0.05, 0.0
+    assert mean == pytest.approx(0.1 / 3)
+    sd = math.sqrt(((0.05 - 0.1 / 3) ** 2 * 2 + (0.1 / 3) ** 2) / 2)
+    assert half == pytest.approx(4.303 * sd / math.sqrt(3))
+    assert row["d_aucs"]["accuracy"][0] == pytest.approx(0.35 / 3)  # to isolated, as before
+    assert "reference" not in table["all|isolated-2x|a"]  # the reference is not compared with itself
+    fixed, lines = fixed_metrics(table, spec)
+    (f_tis,) = [r for r in fixed["primary"]["rows"] if r["arm"] == "f-tis"]
+    assert (f_tis["d_auc_reference"], f_tis["verdict_reference"]) == (pytest.approx(0.1 / 3), "no")
+    assert f"| all | f-tis | a | +0.033 ± {half:.3f} | no | 3 |" in lines
+    # without a declared reference there is no comparison
+    plain = summarise({"all": {k: v for k, v in data["all"].items() if k != "isolated-2x"}}, _spec(tmp_path))
+    assert "reference" not in plain["all|f-tis|a"]
