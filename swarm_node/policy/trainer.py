@@ -1,13 +1,10 @@
 """One training step over own plus peer samples: advantages, F-TIS objective, AdamW update.
 
 `Trainer.step(samples)`:
-  1. groups samples by `group_key` and computes advantages over the *full* groups
-     (`objective.group_advantages`), and per-sample weights over the whole batch
-     (`objective.sample_weights`), so micro-batch losses add up to the batch loss;
-  2. leaves out the samples that cannot carry gradient (`objective.carries_gradient`: advantage
-     exactly 0, as in a group whose completions all got the same reward, or a peer sample with
-     A <= 0 under `filter_rule = "or"`); the update is exactly the same without them, and they are counted
-     in the stats (`objective.unscored_stats`) and in `skipped_samples`;
+  1. builds the batch (`swarm_node.policy.trainer_batch.prepare_batch`): advantages over the *full*
+     groups and per-sample weights over the whole batch, so micro-batch losses add up to the batch loss;
+  2. leaves out the samples that cannot carry gradient (`prepare_batch` says which); the update is
+     exactly the same without them, and they are counted in the stats and in `skipped_samples`;
   3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest (one prompt per
      micro-batch, so the scorer runs that prompt once) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
@@ -50,26 +47,23 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig, TrainConfig
 from swarm_node.ledger import SampleStat
-from swarm_node.objective import (
-    ObjectiveInputs,
-    ObjectiveStats,
-    carries_gradient,
-    group_advantages,
-    objective_loss,
-    sample_weights,
-    unscored_stats,
-)
+from swarm_node.objective import ObjectiveInputs, ObjectiveStats, objective_loss
 from swarm_node.policy.models import Policy
-from swarm_node.policy.scoring import pad_right, padded_batch, token_logprobs
+from swarm_node.policy.scoring import padded_batch, token_logprobs
+from swarm_node.policy.trainer_batch import (
+    Batch,
+    micro_batch_chunk_ids,
+    peer_sample_stats,
+    prepare_batch,
+    sample_metrics,
+)
 from swarm_node.policy.types import TrainSample
 
 
@@ -101,22 +95,6 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown schedule {cfg.schedule!r}")
-
-
-@dataclass
-class _Batch:
-    """A step's samples as tensors on the model's device (B samples)."""
-
-    prompts: list[Tensor]  # B x [P_i] long
-    completions: list[Tensor]  # B x [T_i] long
-    generator_logprobs: list[Tensor]  # B x [T_i] float32
-    chunk_ids: list[Tensor | None]  # B x [T_i] long, None for a sample in this node's tokens
-    advantages: Tensor  # [B]
-    weights: Tensor  # [B] float64
-    is_peer: Tensor  # [B] bool
-    micro_batches: list[list[int]]  # samples to score: one prompt per micro-batch, longest first
-    unscored: ObjectiveStats  # the samples left out (they carry no gradient)
-    stats_order: list[int]  # the sample of each per-sample statistic of an epoch's stats, in order
 
 
 class Trainer:
@@ -159,7 +137,7 @@ class Trainer:
         try:
             try:
                 stats, first, optimizer_steps, batch = self._epochs(samples, 0)
-                self.peer_sample_stats = self._peer_sample_stats(samples, batch, stats)
+                self.peer_sample_stats = peer_sample_stats(samples, batch, stats)
             except _NonFinite as bad:
                 dropped, self.poisoned = self._blame(samples, bad)
                 own = [s for s in samples if not s.is_peer]
@@ -173,7 +151,7 @@ class Trainer:
             model.train(was_training)
         self.step_count += 1
         return {
-            **stats.to_dict(), "lr": lr, **_sample_metrics(samples), **first,
+            **stats.to_dict(), "lr": lr, **sample_metrics(samples), **first,
             "optimizer_steps": float(optimizer_steps),
             "skipped": float(optimizer_steps == 0),
             "skipped_samples": float(len(samples) - len(dropped) - sum(len(mb) for mb in batch.micro_batches)),
@@ -182,7 +160,7 @@ class Trainer:
         }
 
     def _epochs(self, samples: Sequence[TrainSample], start_epoch: int
-                ) -> tuple[ObjectiveStats, dict[str, float], int, _Batch]:
+                ) -> tuple[ObjectiveStats, dict[str, float], int, Batch]:
         """Epochs `start_epoch..epochs_per_batch-1` over `samples`: (last epoch's stats, first
         epoch's loss and gradient norm, optimizer steps taken, the batch). Raises `_NonFinite`."""
         first = {"loss": 0.0, "grad_norm": 0.0}
@@ -218,61 +196,13 @@ class Trainer:
                     len(peers), ", ".join(sorted({s.source for s in blamed})))
         return peers, blamed
 
-    def _prepare(self, samples: Sequence[TrainSample]) -> _Batch:
-        device = self.policy.device
-        keys: dict[str, int] = {}
-        group_ids = torch.tensor([keys.setdefault(s.group_key, len(keys)) for s in samples], dtype=torch.long,
-                                 device=device)  # [B]
-        rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float32, device=device)
-        lengths = torch.tensor([len(s.completion_ids) for s in samples], dtype=torch.long, device=device)
-        for s in samples:
-            if len(s.generator_logprobs) != len(s.completion_ids):
-                raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
-                                 f"{len(s.generator_logprobs)} generator logprobs")
-            if s.chunk_ids is not None and len(s.chunk_ids) != len(s.completion_ids):
-                raise ValueError(f"sample from {s.source!r}: {len(s.completion_ids)} tokens but "
-                                 f"{len(s.chunk_ids)} chunk ids")
-        ocfg = self.objective_cfg
-        advantages = group_advantages(rewards, group_ids, scale_by_std=ocfg.scale_by_std, eps=ocfg.advantage_eps)
-        is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
-        carries = carries_gradient(advantages, is_peer, ocfg).tolist()
-        scored = [i for i in range(len(samples)) if carries[i] and len(samples[i].completion_ids) > 0]
-        # Peer samples without gradient still get a no-grad pass, for the KL and weight statistics.
-        diagnosed = [i for i in range(len(samples)) if samples[i].is_peer and i not in set(scored)
-                     and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
-        rest = sorted(set(range(len(samples))) - set(scored) - set(diagnosed))
-        left_out = torch.tensor(rest, dtype=torch.long, device=device)
-        diagnosed_mbs = _micro_batches(samples, diagnosed, self.cfg.micro_batch_size)
-        scored_mbs = _micro_batches(samples, scored, self.cfg.micro_batch_size)
-        batch = _Batch(
-            prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
-            completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
-            generator_logprobs=[torch.as_tensor(s.generator_logprobs, dtype=torch.float32, device=device)
-                                for s in samples],
-            chunk_ids=[None if s.chunk_ids is None else torch.as_tensor(s.chunk_ids, dtype=torch.long, device=device)
-                       for s in samples],
-            advantages=advantages,
-            weights=sample_weights(group_ids, lengths, ocfg.normalization),
-            is_peer=is_peer,
-            micro_batches=scored_mbs,
-            unscored=unscored_stats(advantages[left_out], is_peer[left_out], ocfg),
-            stats_order=[i for mb in (*diagnosed_mbs, *scored_mbs) for i in mb],
-        )
-        batch.unscored.merge(self._diagnose(batch, diagnosed_mbs))
+    def _prepare(self, samples: Sequence[TrainSample]) -> Batch:
+        batch, diagnosed = prepare_batch(samples, self.objective_cfg, self.cfg.micro_batch_size, self.policy.device)
+        batch.unscored.merge(self._diagnose(batch, diagnosed))
         return batch
 
-    @staticmethod
-    def _peer_sample_stats(samples: Sequence[TrainSample], batch: _Batch, stats: ObjectiveStats) -> list[SampleStat]:
-        """Per peer sample of the step: what the objective measured of it (an epoch's `stats` follow
-        `batch.stats_order`). A peer sample left unscored (no tokens: the protocol refuses non-finite
-        logprobs) has no KL or weight and carries no gradient."""
-        measured = dict(zip(batch.stats_order, stats.per_sample(), strict=True))
-        return [SampleStat(s.source, float(s.reward), *measured.get(i, (None, None, False, False)),
-                           crosstok=s.chunk_ids is not None)
-                for i, s in enumerate(samples) if s.is_peer]
-
     @torch.no_grad()
-    def _diagnose(self, batch: _Batch, micro_batches: list[list[int]]) -> ObjectiveStats:
+    def _diagnose(self, batch: Batch, micro_batches: list[list[int]]) -> ObjectiveStats:
         """Statistics (KL, importance weights, filters) of samples that carry no gradient, from a
         no-grad pass in eval mode at the step's starting weights, so that the KL distribution users
         read to choose g covers every peer sample, not only those with a positive advantage."""
@@ -290,13 +220,13 @@ class Trainer:
                     trainer_logprobs=logprobs, step_start_logprobs=logprobs,
                     generator_logprobs=padded_batch([batch.generator_logprobs[i] for i in idx])[0], mask=mask,
                     advantages=batch.advantages[index], is_peer=batch.is_peer[index],
-                    sample_weights=batch.weights[index], chunk_ids=_chunk_ids(batch, idx))
+                    sample_weights=batch.weights[index], chunk_ids=micro_batch_chunk_ids(batch, idx))
                 stats.merge(objective_loss(inputs, self.objective_cfg)[1])
         finally:
             model.train(was_training)
         return stats
 
-    def _accumulate(self, batch: _Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
+    def _accumulate(self, batch: Batch, step_start: list[Tensor], first_epoch: bool) -> tuple[float, ObjectiveStats]:
         """Forward + backward over every micro-batch; gradients accumulate in `.grad`.
 
         In the first epoch, fills `step_start` with the detached trainer logprobs."""
@@ -320,7 +250,7 @@ class Trainer:
                 advantages=batch.advantages[index],
                 is_peer=batch.is_peer[index],
                 sample_weights=batch.weights[index],
-                chunk_ids=_chunk_ids(batch, idx),
+                chunk_ids=micro_batch_chunk_ids(batch, idx),
             )
             loss, mb_stats = objective_loss(inputs, self.objective_cfg)
             if not torch.isfinite(loss):
@@ -333,7 +263,7 @@ class Trainer:
         return total, stats
 
     @torch.no_grad()
-    def _reference_logprobs(self, batch: _Batch, idx: list[int]) -> list[Tensor]:
+    def _reference_logprobs(self, batch: Batch, idx: list[int]) -> list[Tensor]:
         """pi_theta_old for a model with dropout: a no-grad pass in eval mode, so importance weights
         and the KL are read from the policy itself, not from one dropout sample of it."""
         model = self.policy.model
@@ -369,16 +299,6 @@ class Trainer:
         self.step_count = int(state["step_count"])
 
 
-def _chunk_ids(batch: _Batch, idx: list[int]) -> Tensor | None:
-    """[b, T] chunk ids of a micro-batch (positions for rows in own tokens, 0 on padding), or None
-    when every row is in this node's tokens (the objective's per-token path)."""
-    rows = [batch.chunk_ids[i] for i in idx]
-    if all(r is None for r in rows):
-        return None
-    positions = [torch.arange(len(batch.completions[i]), device=batch.completions[i].device) for i in idx]
-    return pad_right([r if r is not None else p for r, p in zip(rows, positions, strict=True)], 0, torch.long)
-
-
 def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
     """The samples of a micro-batch with a non-finite loss that hold non-finite inputs at valid
     positions (all of the micro-batch when none does: the loss cannot then be traced further)."""
@@ -387,31 +307,3 @@ def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:
     bad = (~finite.all(dim=1)).tolist()
     rows = [i for i, b in zip(idx, bad, strict=True) if b]
     return rows or list(idx)
-
-
-def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int) -> list[list[int]]:
-    """Split `indices` into micro-batches of at most `size` samples of one prompt each (so the
-    scorer runs each prompt once per micro-batch), longest completions first within a prompt."""
-    by_prompt: dict[bytes, list[int]] = {}
-    for i in indices:
-        by_prompt.setdefault(np.asarray(samples[i].prompt_ids, dtype=np.int64).tobytes(), []).append(i)
-    out = []
-    for members in by_prompt.values():
-        members.sort(key=lambda i: -len(samples[i].completion_ids))
-        out.extend(members[start : start + size] for start in range(0, len(members), size))
-    return out
-
-
-def _sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
-    """Batch composition in `swarm_node.metrics` terms (the objective reports peer_samples_used)."""
-    own = [s for s in samples if not s.is_peer]
-    crosstok = [s.chunk_ids for s in samples if s.chunk_ids is not None and len(s.chunk_ids)]
-    chunks = sum(int(c[-1]) + 1 for c in crosstok)  # chunk ids run 0..n-1 in order
-    return {
-        "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
-        "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
-        "own_samples": float(len(own)),
-        "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
-        "crosstok_samples": float(len(crosstok)),
-        "crosstok_tokens_per_chunk": sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
-    }

@@ -134,7 +134,7 @@ def test_all_filtered_batch_skips_the_update_but_counts_the_step(cache: Path) ->
 
 
 def test_samples_without_gradient_are_left_out_with_the_same_update(cache: Path, monkeypatch) -> None:
-    import swarm_node.policy.trainer as trainer_module
+    import swarm_node.policy.trainer_batch as batch_module
 
     policy0 = make_policy(cache)
     own = make_samples(policy0, [[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]], seed=1)  # 2nd group: advantage 0
@@ -143,7 +143,7 @@ def test_samples_without_gradient_are_left_out_with_the_same_update(cache: Path,
     runs = {}
     for mode in ("left_out", "all_scored"):
         if mode == "all_scored":  # what the trainer did before leaving samples out
-            monkeypatch.setattr(trainer_module, "carries_gradient", lambda adv, is_peer, cfg: torch.ones_like(is_peer))
+            monkeypatch.setattr(batch_module, "carries_gradient", lambda adv, is_peer, cfg: torch.ones_like(is_peer))
         policy = make_policy(cache)
         before = params(policy)
         metrics = Trainer(policy, TrainConfig(learning_rate=1e-3, micro_batch_size=4), f_tis, 1.0).step(own + peer)
