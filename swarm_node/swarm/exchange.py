@@ -9,9 +9,8 @@ re-stores the merged index of the window; `republish()` extends records that sti
 Gathering reads the index shards `index.ShardedIndex` plans for the last `staleness_windows + 1`
 windows (a bounded number; a record in a shard its owner is not in is an `index_mismatch`), picks
 a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer), fetches their
-chunks concurrently under one deadline, then decodes and checks each group. An entry whose chunks
-time out is tried again later; one whose chunks are missing gets one more try (chunks and index
-are stored in one batch, so a reader can see the index first) and then counts as `missing`.
+chunks concurrently under one deadline, then decodes and checks each group. What earlier gathers
+saw is not judged again, and a fetch that failed may be retried (`gather_book.GatherBook`).
 Nothing a peer sends raises: every rejected record or group is counted under one reason (see the
 REASON constants and `protocol.validate` reasons).
 
@@ -34,6 +33,7 @@ from protocol import codec, keys
 from protocol.messages import IndexEntry, NodeStatus, ProtocolError, RolloutGroup, RolloutIndex
 from protocol.validate import MAX_TEMPERATURE, MIN_TEMPERATURE, ValidationLimits, validate_group
 from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
+from swarm_node.swarm.gather_book import GatherBook
 from swarm_node.swarm.index import ShardedIndex, ShardRead
 from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of this module's drop vocabulary)
     BAD_VERSION,
@@ -44,7 +44,7 @@ from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of 
     read_statuses,
 )
 from swarm_node.swarm.tokenizers import TokenizerCensus
-from swarm_node.swarm.transport import MAX_RECORD_BYTES, MISSING, DropCounter, Transport, is_digest
+from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport, is_digest
 
 CHUNK_BYTES = 512 << 10
 MIN_CHUNK_BYTES = 64 << 10  # an index may not list more than size / MIN_CHUNK_BYTES + 1 chunks
@@ -123,10 +123,7 @@ class RolloutExchange:
         self._published: dict[int, list[IndexEntry]] = {}  # window -> own entries
         self._blobs: dict[str, bytes] = {}  # digest -> chunk, kept while its window matters
         self._blob_window: dict[str, int] = {}
-        self._seen_digests: dict[tuple[str, ...], int] = {}  # taken or rejected entries -> window
-        self._seen_groups: dict[tuple[str, int, int], int] = {}  # (sender, prompt, policy) -> window
-        self._bad_indexes: dict[tuple[str, str], int] = {}  # (owner, digest of record) -> window
-        self._missing_once: dict[tuple[str, ...], int] = {}  # entries whose chunks were missing once
+        self._book = GatherBook(admission, ledger)  # what earlier gathers saw; counts each drop
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -209,7 +206,7 @@ class RolloutExchange:
         deadline = time.monotonic() + timeout
         rng = rng or random.Random()
         drops = DropCounter()
-        self._forget_before(current_window - staleness_windows)
+        self._book.forget_before(current_window - staleness_windows)
         if self.admission is not None:
             self.admission.begin_gather()
         if max_groups <= 0 or max_per_peer <= 0:
@@ -222,13 +219,6 @@ class RolloutExchange:
         self.drops.update(drops)
         self._degraded.check(len(groups), drops)
         return groups, drops
-
-    def _drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True, tokenizer: str = "") -> None:
-        drops.add(reason)
-        if verdict and self.admission is not None:
-            self.admission.record(owner, reason)
-        if self.ledger is not None:
-            self.ledger.record_group(owner, reason, tokenizer)
 
     def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
                     exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
@@ -246,7 +236,7 @@ class RolloutExchange:
                     continue
                 refused = self.admission.peer_reason(owner) if self.admission is not None else None
                 if refused is not None:  # this node's own rule: no verdict on the peer's data
-                    self._drop(drops, refused, owner, verdict=False)
+                    self._book.drop(drops, refused, owner, verdict=False)
                     continue
                 for c in self._index_candidates(owner, read, item.value, current, staleness, drops, evaluated):
                     candidates[(owner, tuple(c.entry.chunk_digests))] = c
@@ -259,11 +249,9 @@ class RolloutExchange:
         record_id = (owner, codec.content_digest(data))
         if not self.index.belongs(owner, read):  # written into a shard its owner is not in
             record_id = (owner, read.key)
-            if record_id not in self._bad_indexes:
-                self._drop(drops, INDEX_MISMATCH, owner)
-                self._bad_indexes[record_id] = window
+            self._book.reject_index(drops, INDEX_MISMATCH, owner, record_id, window)
             return []
-        if record_id in self._bad_indexes:
+        if record_id in self._book.bad_indexes:
             return []  # counted when first seen
         reason = None
         try:
@@ -278,16 +266,15 @@ class RolloutExchange:
             elif index.window != window:
                 reason = INDEX_MISMATCH
         if reason is not None:
-            self._drop(drops, reason, owner)
-            self._bad_indexes[record_id] = window
+            self._book.reject_index(drops, reason, owner, record_id, window)
             return []
         out, listed = [], set()
         for entry in index.entries:
             digests = tuple(entry.chunk_digests)
-            if digests in self._seen_digests:
+            if digests in self._book.seen_digests:
                 continue  # taken (or rejected and counted) in an earlier gather: not new data
             if digests in listed:
-                self._drop(drops, DUPLICATE, owner)  # the same payload listed twice
+                self._book.drop(drops, DUPLICATE, owner)  # the same payload listed twice
                 continue
             if (owner, digests) in evaluated:
                 continue  # an owner that changed level within a window is listed in two shards
@@ -295,8 +282,7 @@ class RolloutExchange:
             evaluated.add((owner, digests))
             reason = self._entry_reason(owner, entry, window, current, staleness)
             if reason is not None:
-                self._drop(drops, reason, owner)
-                self._seen_digests[digests] = window
+                self._book.reject_entry(drops, reason, owner, digests, window)
                 continue
             out.append(_Candidate(owner, window, entry))
         return out
@@ -308,7 +294,7 @@ class RolloutExchange:
             return OVERSIZED
         if len(entry.chunk_digests) > entry.size // MIN_CHUNK_BYTES + 1:
             return INDEX_MISMATCH
-        if (owner, entry.prompt_index, entry.policy_version) in self._seen_groups:
+        if (owner, entry.prompt_index, entry.policy_version) in self._book.seen_groups:
             return DUPLICATE
         age = self._age_reason(entry.created_at, current, staleness)
         if age is not None:
@@ -343,27 +329,17 @@ class RolloutExchange:
         groups = []
         for c in chosen:
             digests_c = tuple(c.entry.chunk_digests)
-            self._seen_digests[digests_c] = c.window
+            self._book.seen_digests[digests_c] = c.window
             failed = [fetched.failed[d] for d in digests_c if d in fetched.failed]
             if failed:
-                if failed[0] == MISSING and digests_c not in self._missing_once:
-                    # Chunks and index are stored together, and replicas lag: a chunk missing at
-                    # the first attempt may be there next time. Counted if it is missing again.
-                    self._missing_once[digests_c] = c.window
-                    del self._seen_digests[digests_c]
-                    continue
-                if failed[0] == FETCH_TIMEOUT:
-                    del self._seen_digests[digests_c]  # may be fetched again next time
-                self._drop(drops, failed[0], c.owner)
+                self._book.fetch_failed(drops, failed[0], c.owner, digests_c, c.window)
                 continue
             data = b"".join(fetched.found[d] for d in digests_c)
             reason, group = self._check_group(c, data, current, staleness)
             if reason is not None:  # the fingerprint of a group of its sender goes to the ledger
-                self._drop(drops, reason, c.owner, tokenizer=group.tokenizer_fingerprint if group else "")
+                self._book.drop(drops, reason, c.owner, tokenizer=group.tokenizer_fingerprint if group else "")
                 continue
-            self._seen_groups[(group.sender, group.prompt.index, group.policy_version)] = c.window
-            if self.admission is not None:
-                self.admission.record(c.owner, None)
+            self._book.take(group, c.owner, c.window)
             groups.append(group)
         return groups
 
@@ -390,7 +366,7 @@ class RolloutExchange:
         claimed = (c.entry.prompt_index, c.entry.policy_version, c.entry.created_at)
         if (group.prompt.index, group.policy_version, group.created_at) != claimed:
             return INDEX_MISMATCH, group
-        if (group.sender, group.prompt.index, group.policy_version) in self._seen_groups:
+        if (group.sender, group.prompt.index, group.policy_version) in self._book.seen_groups:
             return DUPLICATE, group
         if self.group_filter is not None:
             extra = self.group_filter(group)
@@ -398,11 +374,3 @@ class RolloutExchange:
                 return extra, group
         refused = self.admission.group_reason(group, c.window) if self.admission is not None else None
         return (refused, group) if refused is not None else (None, group)
-
-    def _forget_before(self, oldest_window: int) -> None:
-        """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
-        for table in (self._seen_digests, self._seen_groups, self._bad_indexes, self._missing_once):
-            for k in [k for k, w in table.items() if w < oldest_window]:
-                del table[k]
-        if self.admission is not None:
-            self.admission.forget_before(oldest_window)

@@ -1,0 +1,82 @@
+"""The books of a node's gathers: which peer records were seen, taken and dropped, and where each counts.
+
+`RolloutExchange.fetch_groups` (exchange.py) judges peers' index records, index entries and groups;
+a `GatherBook` remembers the verdicts across gathers and counts each one:
+* index entries taken, or rejected and counted (`seen_digests`), groups taken (`seen_groups`, by
+  sender, prompt and policy version) and bad index records (`bad_indexes`) are not judged again;
+  every table keeps the window an item was seen in, and `forget_before` forgets the windows no
+  longer read, so the memory stays bounded;
+* an entry whose chunks time out is tried again later; one whose chunks are missing gets one more
+  try (chunks and index are stored in one batch, so a reader can see the index first) and then
+  counts as `missing` (`fetch_failed`);
+* a drop is counted under its reason in the gather's `DropCounter`, fed to the `Admission`'s
+  reputation (unless it is this node's own rule, no verdict on the peer's data) and to the
+  `ledger` (`ledger.PeerLedger`); a taken group feeds the reputation too (`take`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.messages import RolloutGroup
+from swarm_node.swarm.admission import Admission
+from swarm_node.swarm.transport import FETCH_TIMEOUT, MISSING, DropCounter
+
+
+class GatherBook:
+    """What earlier gathers saw, by window, and the counting of each drop and take."""
+
+    def __init__(self, admission: Admission | None, ledger: Any | None) -> None:
+        self.admission = admission
+        self.ledger = ledger
+        self.seen_digests: dict[tuple[str, ...], int] = {}  # taken or rejected entries -> window
+        self.seen_groups: dict[tuple[str, int, int], int] = {}  # (sender, prompt, policy) -> window
+        self.bad_indexes: dict[tuple[str, str], int] = {}  # (owner, digest of record) -> window
+        self.missing_once: dict[tuple[str, ...], int] = {}  # entries whose chunks were missing once
+
+    def drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True, tokenizer: str = "") -> None:
+        drops.add(reason)
+        if verdict and self.admission is not None:
+            self.admission.record(owner, reason)
+        if self.ledger is not None:
+            self.ledger.record_group(owner, reason, tokenizer)
+
+    def reject_index(self, drops: DropCounter, reason: str, owner: str, record_id: tuple[str, str],
+                     window: int) -> None:
+        """A bad index record: counted when first seen, then skipped while its window is read."""
+        if record_id not in self.bad_indexes:
+            self.drop(drops, reason, owner)
+            self.bad_indexes[record_id] = window
+
+    def reject_entry(self, drops: DropCounter, reason: str, owner: str, digests: tuple[str, ...],
+                     window: int) -> None:
+        """An index entry refused before its chunks were fetched: counted once, not judged again."""
+        self.drop(drops, reason, owner)
+        self.seen_digests[digests] = window
+
+    def fetch_failed(self, drops: DropCounter, reason: str, owner: str, digests: tuple[str, ...],
+                     window: int) -> None:
+        """An entry whose chunks did not all arrive (`reason`: the first failure among them)."""
+        if reason == MISSING and digests not in self.missing_once:
+            # Chunks and index are stored together, and replicas lag: a chunk missing at
+            # the first attempt may be there next time. Counted if it is missing again.
+            self.missing_once[digests] = window
+            del self.seen_digests[digests]
+            return
+        if reason == FETCH_TIMEOUT:
+            del self.seen_digests[digests]  # may be fetched again next time
+        self.drop(drops, reason, owner)
+
+    def take(self, group: RolloutGroup, owner: str, window: int) -> None:
+        """A group taken: the same (sender, prompt, policy version) is a duplicate from now on."""
+        self.seen_groups[(group.sender, group.prompt.index, group.policy_version)] = window
+        if self.admission is not None:
+            self.admission.record(owner, None)
+
+    def forget_before(self, oldest_window: int) -> None:
+        """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
+        for table in (self.seen_digests, self.seen_groups, self.bad_indexes, self.missing_once):
+            for k in [k for k, w in table.items() if w < oldest_window]:
+                del table[k]
+        if self.admission is not None:
+            self.admission.forget_before(oldest_window)
