@@ -1,7 +1,7 @@
 """The node's step loop and its supervised lifecycle. No math and no wire details live here:
 the objective is in `objective.py` (via the trainer), the wire format in `protocol/`, the
-conversion between the two in `rollouts.py`, and every external dependency arrives built, in
-`NodeParts`, so a unit test can run the whole loop with fakes.
+conversion between the two in `own_rollouts.py` (own groups) and `rollouts.py` (peers'), and every
+external dependency arrives built, in `NodeParts`, so a unit test can run the whole loop with fakes.
 
 One step: choose prompts -> generate groups -> publish -> gather peers' groups (started in the
 background at the beginning of the step, so the network overlaps generation) -> train on own plus
@@ -26,7 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarm_node import rollouts
+from swarm_node import own_rollouts, rollouts
 from swarm_node.config import NodeConfig
 from swarm_node.health import HealthTracker
 from swarm_node.policy.types import Generator
@@ -70,7 +70,7 @@ class StepRollout:
 
     window: int
     problems: list
-    own: rollouts.OwnBatch
+    own: own_rollouts.OwnBatch
     started: float  # perf_counter at the start of the step
     gen_seconds: float
     publish_seconds: float
@@ -165,12 +165,12 @@ class Node:
         t_gen = time.perf_counter()
         completions = parts.generator.generate(prompt_ids, cfg.generation.group_size)
         gen_seconds = time.perf_counter() - t_gen
-        own = rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
+        own = own_rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
         bytes_per_token = 0.0
         t_pub = time.perf_counter()
         if parts.exchange is not None:
             if self._publishable(window):
-                groups = rollouts.to_wire_groups(parts, problems, completions, own, self.step, started_at)
+                groups = own_rollouts.to_wire_groups(parts, problems, completions, own, self.step, started_at)
                 bytes_per_token = parts.exchange.publish_groups(groups, window)
             self._republish_if_due(window)
         return StepRollout(window, problems, own, t0, gen_seconds, time.perf_counter() - t_pub, bytes_per_token)
@@ -282,7 +282,7 @@ class Node:
         return self._pool.submit(rollouts.gather_peer_samples, self.parts, window, own_groups,
                                  self._rng.getrandbits(64), self.step)
 
-    def _finish_gather(self, gathering: Future | None, own: rollouts.OwnBatch,
+    def _finish_gather(self, gathering: Future | None, own: own_rollouts.OwnBatch,
                        problems: list) -> tuple[rollouts.PeerBatch, Counter[str]]:
         if gathering is None:
             return rollouts.PeerBatch(), Counter()

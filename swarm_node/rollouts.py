@@ -1,6 +1,7 @@
-"""Between generation, the wire and the trainer: own completions become training samples and wire
-groups; peers' decoded groups are checked against this node's own state (tokenizer, prompt set),
-re-scored locally and become training samples. Every rejection is counted by reason.
+"""Peers' rollouts, between the wire and the trainer: peers' decoded groups are checked against this
+node's own state (tokenizer, prompt set), re-scored locally and become training samples. Every
+rejection is counted by reason. Own completions become samples and wire groups in
+`own_rollouts.py`; what both sides use (the tokenizer lock, prompt rendering, group keys) is here.
 
 A step's peer work (fetch, checks, reward verification within its time budget:
 `swarm_node.tasks.verify`) runs off the step thread in `gather_peer_samples`, overlapped with
@@ -21,7 +22,6 @@ chunk ids (F-TIS per chunk of aligned text). Otherwise it is dropped (`tokenizer
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import random
 import threading
@@ -34,10 +34,9 @@ from typing import Any
 import numpy as np
 
 from protocol import keys
-from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
+from protocol.messages import PromptRef, RolloutGroup
 from swarm_node.crosstok_receive import receive_group, train_samples
-from swarm_node.policy.pieces import completion_text
-from swarm_node.policy.types import GeneratedCompletion, TrainSample
+from swarm_node.policy.types import TrainSample
 from swarm_node.spotcheck import LOGPROB_MISMATCH, SpotSession
 from swarm_node.swarm.admission import OVER_TOKEN_BUDGET
 from swarm_node.tasks.base import Problem
@@ -57,30 +56,6 @@ DROP_NONFINITE = "nonfinite_step"  # its samples made a training step non-finite
 
 def window_of(dht_time: float, window_seconds: float) -> int:
     return keys.window_of(dht_time, window_seconds)
-
-
-@dataclass
-class OwnBatch:
-    samples: list[TrainSample] = field(default_factory=list)
-    rewards: list[list[float]] = field(default_factory=list)  # [prompt][completion]
-    text_groups: int = 0  # wire groups sent with completion text (swarm.send_text)
-    text_withheld: int = 0  # groups sent without text: some completion had no faithful text (policy/pieces.py)
-
-    @property
-    def reward_mean(self) -> float:
-        flat = [r for group in self.rewards for r in group]
-        return float(np.mean(flat)) if flat else 0.0
-
-    @property
-    def accuracy(self) -> float:
-        """Fraction of completions with full correctness credit (reward >= 1)."""
-        flat = [r for group in self.rewards for r in group]
-        return float(np.mean([r >= 1.0 for r in flat])) if flat else 0.0
-
-    @property
-    def mixed_fraction(self) -> float:
-        """Fraction of groups whose rewards are not all equal: the groups GRPO learns from."""
-        return float(np.mean([len(set(g)) > 1 for g in self.rewards])) if self.rewards else 0.0
 
 
 @dataclass
@@ -117,72 +92,6 @@ def render_prompts(parts: Any, problems: Sequence[Problem]) -> list[list[int]]:
         task = parts.config.task
         return [render_prompt(parts.policy.tokenizer, p.question, task.system_prompt, task.worked_example)
                 for p in problems]
-
-
-def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
-                completions: Sequence[Sequence[GeneratedCompletion]], step: int, window: int) -> OwnBatch:
-    """Score own completions and turn them into samples (generator logprobs come from the sampler)."""
-    batch = OwnBatch()
-    for problem, prompt, group in zip(problems, prompt_ids, completions, strict=True):
-        key = _group_key(parts, "self", step, problem.index)
-        rewards = []
-        for c in group:
-            reward = float(parts.reward_fn(_decode(parts, c.token_ids), problem))
-            rewards.append(reward)
-            batch.samples.append(TrainSample(
-                group_key=key, prompt_ids=np.asarray(prompt, dtype=np.int64),
-                completion_ids=np.asarray(c.token_ids, dtype=np.int64),
-                generator_logprobs=np.asarray(c.logprobs, dtype=np.float32),
-                reward=reward, is_peer=False, source="self"))
-        batch.rewards.append(rewards)
-    return batch
-
-
-def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
-                   own: OwnBatch, step: int, created_at: float) -> list[RolloutGroup]:
-    """The wire form of this step's own groups (claimed rewards are informational for peers).
-    `created_at`: the DHT time the step started, whose window binds its prompts (swarm/binding.py).
-    With text (`sends_text`), every completion carries its text and piece bytes, or none does."""
-    cfg, policy = parts.config, parts.policy
-    sampling = SamplingParams(temperature=cfg.generation.temperature, top_p=cfg.generation.top_p,
-                              max_new_tokens=cfg.generation.max_new_tokens)
-    with_text = sends_text(parts)
-    groups = []
-    for problem, group, rewards in zip(problems, completions, own.rewards, strict=True):
-        comps = [Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                            claimed_reward=r) for c, r in zip(group, rewards, strict=True)]
-        if with_text:
-            comps = _with_text(parts, comps, own)
-        groups.append(RolloutGroup(
-            swarm_id=cfg.swarm.swarm_id, sender=parts.peer_id, model_id=policy.model_id,
-            model_revision=policy.declared_revision, adapter_digest=policy.adapter_digest,
-            tokenizer_fingerprint=policy.fingerprint,
-            policy_version=step, created_at=created_at,
-            prompt=PromptRef(prompt_set_id=parts.prompt_set.id, index=problem.index, sha256=problem.sha256),
-            sampling=sampling, completions=tuple(comps),
-        ))
-    return groups
-
-
-def sends_text(parts: Any) -> bool:
-    """`swarm.send_text`: always, never, or (auto) while another tokenizer is seen in the swarm."""
-    mode = parts.config.swarm.send_text
-    if mode != "auto":
-        return mode == "always"
-    census = getattr(parts.exchange, "tokenizers", None)
-    return census is not None and bool(census.others(parts.dht_time()))
-
-
-def _with_text(parts: Any, comps: list[Completion], own: OwnBatch) -> list[Completion]:
-    """`comps` with text and piece bytes, or unchanged when one of them has no faithful text."""
-    with _TOKENIZER_LOCK:
-        texts = [completion_text(parts.policy.tokenizer, c.token_ids) for c in comps]
-    if any(t is None for t in texts):
-        own.text_withheld += 1
-        return comps
-    own.text_groups += 1
-    return [dataclasses.replace(c, text=text, piece_bytes=pieces)
-            for c, (text, pieces) in zip(comps, texts, strict=True)]  # type: ignore[misc]
 
 
 def peer_group_cap(own_groups: int, max_peer_fraction: float, max_peer_groups: int) -> int:
