@@ -205,11 +205,7 @@ class TaskConfig(_Section):
     )
 
     wording: Literal["standard", "unseen"] = Field(
-        "standard",
-        description=(
-            "Arithmetic levels 1-2: `unseen` asks in sentences no `standard` problem uses, an out-of-distribution "
-            "evaluation set (`eval.ood_task` of an experiment)."
-        ),
+        "standard", description="Arithmetic levels 1-2: `unseen` asks in sentences no `standard` problem uses (an OOD set)."
     )
 
     @model_validator(mode="after")
