@@ -209,3 +209,26 @@ def test_swarm_arms_are_compared_with_the_more_samples_reference(tmp_path):
     # without a declared reference there is no comparison
     plain = summarise({"all": {k: v for k, v in data["all"].items() if k != "isolated-2x"}}, _spec(tmp_path))
     assert "reference" not in plain["all|f-tis|a"]
+
+
+def test_compare_pairs_two_arms_of_different_pairs_by_seed(tmp_path, capsys):
+    import json
+
+    from swarm_node.experiment.compare import main, paired_delta
+
+    def runs(values):
+        return {str(s): {"aucs": {"accuracy": v, "accuracy_sub": v / 2}} for s, v in enumerate(values)}
+
+    data = {"het": {"f-tis": {"a": runs([0.5, 0.6, 0.7, 0.9])}},
+            "hom": {"homogeneous": {"a": runs([0.4, 0.6, 0.5])}}}  # seed 3 has no partner
+    mean, half, n = paired_delta(data, "het/f-tis", "hom/homogeneous", "a")  # differences 0.1, 0.0, 0.2
+    assert (mean, n) == (pytest.approx(0.1), 3)
+    assert half == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert paired_delta(data, "het/f-tis", "hom/homogeneous", "a", "accuracy_sub")[0] == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="no finished runs"):
+        paired_delta(data, "het/f-tis", "hom/nope", "a")
+    (tmp_path / "summary.json").write_text(json.dumps({"runs": data}))
+    assert main([str(tmp_path), "het/f-tis", "hom/homogeneous", "a"]) == 0
+    assert json.loads(capsys.readouterr().out)["delta_auc"] == pytest.approx(0.1)
+    assert main([str(tmp_path / "missing"), "het/f-tis", "hom/homogeneous", "a"]) == 1
+    assert "cannot read" in capsys.readouterr().err
