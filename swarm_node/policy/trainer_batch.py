@@ -68,10 +68,11 @@ def prepare_batch(samples: Sequence[TrainSample], ocfg: ObjectiveConfig, micro_b
     is_peer = torch.tensor([bool(s.is_peer) for s in samples], dtype=torch.bool, device=device)
     carries = carries_gradient(advantages, is_peer, ocfg).tolist()
     scored = [i for i in range(len(samples)) if carries[i] and len(samples[i].completion_ids) > 0]
+    scored_set = set(scored)
     # Peer samples without gradient still get a no-grad pass, for the KL and weight statistics.
-    diagnosed = [i for i in range(len(samples)) if samples[i].is_peer and i not in set(scored)
+    diagnosed = [i for i in range(len(samples)) if samples[i].is_peer and i not in scored_set
                  and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
-    rest = sorted(set(range(len(samples))) - set(scored) - set(diagnosed))
+    rest = sorted(set(range(len(samples))) - scored_set - set(diagnosed))
     left_out = torch.tensor(rest, dtype=torch.long, device=device)
     diagnosed_mbs = _micro_batches(samples, diagnosed, micro_batch_size)
     scored_mbs = _micro_batches(samples, scored, micro_batch_size)
