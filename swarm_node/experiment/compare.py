@@ -17,6 +17,8 @@ from pathlib import Path
 
 from swarm_node.experiment.summary import mean_ci
 
+USAGE = "python -m swarm_node.experiment.compare OUT specialists/f-tis homog-add/homogeneous add-spec [accuracy_sub]"
+
 
 def paired_delta(runs: dict, first: str, second: str, node: str, key: str = "accuracy") -> tuple[float, float, int]:
     """(mean, half width, seeds) of AUC(first) - AUC(second) for `node`, paired by seed; arms are
@@ -38,15 +40,18 @@ def paired_delta(runs: dict, first: str, second: str, node: str, key: str = "acc
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (4, 5):
-        print(__doc__.strip().splitlines()[4].strip(), file=sys.stderr)
+        print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     out, first, second, node, *key = argv
     path = Path(out) / "summary.json"
     try:
         runs = json.loads(path.read_text())["runs"]
         mean, half, n = paired_delta(runs, first, second, node, *key)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"compare: {e if not isinstance(e, OSError) else f'cannot read {path}: {e.strerror}'}", file=sys.stderr)
+    except OSError as e:
+        print(f"compare: cannot read {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    except (ValueError, KeyError) as e:
+        print(f"compare: {e}", file=sys.stderr)
         return 1
     print(json.dumps({"first": first, "second": second, "node": node, "key": (key or ["accuracy"])[0],
                       "delta_auc": mean, "half_width": half, "seeds": n}))
