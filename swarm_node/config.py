@@ -30,10 +30,8 @@ class LoraConfig(_Section):
     rank: int = Field(16, ge=1, le=1024, description="LoRA rank r.")
     alpha: float = Field(32.0, gt=0, description="LoRA scaling alpha (effective scale alpha/r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA branch.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        description="Module names that get adapters.",
-    )
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      description="Module names that get adapters.")
 
 
 class ModelConfig(_Section):
@@ -158,6 +156,8 @@ class TrainConfig(_Section):
     prompts_per_step: int = Field(4, ge=1, le=4096, description="Own prompts generated per step.")
     epochs_per_batch: int = Field(1, ge=1, le=16, description="Optimizer passes over one step's batch.")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass (bounds memory).")
+    pack_prompts: bool = Field(False, description="Pack several prompts' groups into one micro-batch (fewer passes: "
+                               "faster for small models); false: one prompt per micro-batch, its prompt run once.")
     seed: int = Field(0, description="Seed for sampling, prompt order and initialisation of adapters.")
 
 

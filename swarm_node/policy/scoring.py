@@ -8,6 +8,8 @@ runs only from the shortest prompt's last token on (`logits_to_keep`), so long s
 cost no vocabulary-sized activations. A micro-batch whose rows all share one prompt (a group)
 runs the prompt once and the completions on top of its key/value cache, expanded to the batch
 (`_score_shared_prompt`); gradients flow through the shared prompt pass as through separate ones.
+A micro-batch of several prompts' groups (`train.pack_prompts`) runs each distinct prompt once,
+left-padded, and each row's completion on its prompt's cache (`_score_prompt_groups`).
 """
 
 from __future__ import annotations
@@ -86,6 +88,53 @@ def _score_shared_prompt(model: torch.nn.Module, prompt: Tensor, completions: li
     return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
 
 
+def _score_prompt_groups(model: torch.nn.Module, prompts: list[Tensor], row_prompt: list[int],
+                         completions: list[Tensor], temperature: float) -> list[Tensor] | None:
+    """Rows of several prompts (row i has `prompts[row_prompt[i]]`): one pass over the distinct
+    prompts, left-padded so that each ends in the last column, then each row's completion on top of
+    its prompt's cache (selected per row); pad columns are masked and positions count real tokens.
+
+    Returns None when the model's cache cannot select rows (the caller scores rows separately).
+    """
+    device = prompts[0].device
+    p_lens = torch.tensor([len(p) for p in prompts], device=device)  # [U]
+    width = int(p_lens.max())
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    for u, p in enumerate(prompts):
+        ids[u, width - len(p):] = p
+    prompt_mask = (torch.arange(width, device=device)[None, :] >= (width - p_lens)[:, None]).long()  # [U, P]
+    out = model(input_ids=ids, attention_mask=prompt_mask, position_ids=(prompt_mask.cumsum(1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    if cache is None or not hasattr(cache, "batch_select_indices"):
+        return None
+    rows = torch.tensor(row_prompt, device=device)  # [b]
+    first_logits = out.logits[rows, -1:]  # [b, 1, V] predicts completion token 0
+    targets = pad_right(completions, 0, torch.long)  # [b, T]
+    t_max = targets.shape[1]
+    lengths = torch.tensor([len(c) for c in completions], device=device)
+    if t_max > 1:  # completion tokens 0..T-2 predict tokens 1..T-1 on top of their prompt's cache
+        cache.batch_select_indices(rows)
+        valid = torch.arange(t_max - 1, device=device)[None, :] < lengths[:, None]  # [b, T-1]
+        attention_mask = torch.cat([prompt_mask[rows], valid.long()], dim=1)  # [b, P + T-1]
+        positions = p_lens[rows][:, None] + torch.arange(t_max - 1, device=device)[None, :]  # [b, T-1]
+        rest = model(input_ids=targets[:, :-1], attention_mask=attention_mask, past_key_values=cache,
+                     position_ids=positions, use_cache=True).logits  # [b, T-1, V]
+        logits = torch.cat([first_logits, rest], dim=1)  # [b, T, V]
+    else:
+        logits = first_logits
+    logprobs = _token_logprobs(logits, targets, temperature)  # [b, T]
+    return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
+
+
+def _distinct(prompts: list[Tensor]) -> tuple[list[Tensor], list[int]]:
+    """(the distinct prompts in order of first appearance, each row's index among them)."""
+    keys: dict[tuple[int, ...], int] = {}
+    rows = [keys.setdefault(tuple(p.tolist()), len(keys)) for p in prompts]
+    firsts = {u: i for i, u in reversed(list(enumerate(rows)))}
+    return [prompts[firsts[u]] for u in range(len(keys))], rows
+
+
 def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completions: list[Tensor],
                        temperature: float) -> list[Tensor]:
     """Logprobs for one micro-batch; returns one [T_i] float32 tensor per row."""
@@ -95,6 +144,12 @@ def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completion
         shared = _score_shared_prompt(model, prompts[0], completions, temperature)
         if shared is not None:
             return shared
+    elif len(prompts) > 1:
+        distinct, row_prompt = _distinct(prompts)
+        if len(distinct) < len(prompts):  # some rows share a prompt: run each distinct prompt once
+            grouped = _score_prompt_groups(model, distinct, row_prompt, completions, temperature)
+            if grouped is not None:
+                return grouped
     device = prompts[0].device
     p_lens = [len(p) for p in prompts]
     c_lens = [len(c) for c in completions]

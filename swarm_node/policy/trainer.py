@@ -6,7 +6,7 @@
   2. leaves out the samples that cannot carry gradient (`prepare_batch` says which); the update is
      exactly the same without them, and they are counted in the stats and in `skipped_samples`;
   3. for each of `epochs_per_batch` epochs: scores every micro-batch of the rest (one prompt per
-     micro-batch, so the scorer runs that prompt once) with gradient
+     micro-batch, so the scorer runs that prompt once; several with `train.pack_prompts`) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step. Samples generated with
      another tokenizer carry `chunk_ids` (`swarm_node.crosstok`); a micro-batch holding one passes
@@ -197,7 +197,8 @@ class Trainer:
         return peers, blamed
 
     def _prepare(self, samples: Sequence[TrainSample]) -> Batch:
-        batch, diagnosed = prepare_batch(samples, self.objective_cfg, self.cfg.micro_batch_size, self.policy.device)
+        batch, diagnosed = prepare_batch(samples, self.objective_cfg, self.cfg.micro_batch_size, self.policy.device,
+                                         self.cfg.pack_prompts)
         batch.unscored.merge(self._diagnose(batch, diagnosed))
         return batch
 

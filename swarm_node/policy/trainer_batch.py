@@ -9,7 +9,8 @@
      A <= 0 under `filter_rule = "or"`); the update is exactly the same without them, and they are counted
      in the stats (`objective.unscored_stats`); peer samples among them with tokens and finite
      logprobs are returned as micro-batches for the trainer's no-grad diagnosis pass;
-  3. splits the rest into micro-batches of one prompt each (the scorer runs that prompt once),
+  3. splits the rest into micro-batches of one prompt each (the scorer runs that prompt once), or
+     with `train.pack_prompts` packs several prompts' pieces into each (fewer passes),
      longest completions first.
 The helpers after it read a batch for the trainer: the chunk ids a micro-batch passes to the
 objective (`micro_batch_chunk_ids`), per peer sample what the objective measured of it
@@ -43,13 +44,13 @@ class Batch:
     advantages: Tensor  # [B]
     weights: Tensor  # [B] float64
     is_peer: Tensor  # [B] bool
-    micro_batches: list[list[int]]  # samples to score: one prompt per micro-batch, longest first
+    micro_batches: list[list[int]]  # samples to score: one prompt per micro-batch (unless packed), longest first
     unscored: ObjectiveStats  # the samples left out (they carry no gradient)
     stats_order: list[int]  # the sample of each per-sample statistic of an epoch's stats, in order
 
 
 def prepare_batch(samples: Sequence[TrainSample], ocfg: ObjectiveConfig, micro_batch_size: int,
-                  device: torch.device) -> tuple[Batch, list[list[int]]]:
+                  device: torch.device, pack_prompts: bool = False) -> tuple[Batch, list[list[int]]]:
     """(the batch, micro-batches of the peer samples without gradient to diagnose); see the module
     docstring. `batch.unscored` does not yet hold the diagnosed samples' statistics."""
     keys: dict[str, int] = {}
@@ -74,8 +75,8 @@ def prepare_batch(samples: Sequence[TrainSample], ocfg: ObjectiveConfig, micro_b
                  and len(samples[i].completion_ids) > 0 and np.isfinite(samples[i].generator_logprobs).all()]
     rest = sorted(set(range(len(samples))) - scored_set - set(diagnosed))
     left_out = torch.tensor(rest, dtype=torch.long, device=device)
-    diagnosed_mbs = _micro_batches(samples, diagnosed, micro_batch_size)
-    scored_mbs = _micro_batches(samples, scored, micro_batch_size)
+    diagnosed_mbs = _micro_batches(samples, diagnosed, micro_batch_size, pack_prompts)
+    scored_mbs = _micro_batches(samples, scored, micro_batch_size, pack_prompts)
     batch = Batch(
         prompts=[torch.as_tensor(s.prompt_ids, dtype=torch.long, device=device) for s in samples],
         completions=[torch.as_tensor(s.completion_ids, dtype=torch.long, device=device) for s in samples],
@@ -113,17 +114,29 @@ def micro_batch_chunk_ids(batch: Batch, idx: list[int]) -> Tensor | None:
     return pad_right([r if r is not None else p for r, p in zip(rows, positions, strict=True)], 0, torch.long)
 
 
-def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int) -> list[list[int]]:
+def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size: int,
+                   pack: bool = False) -> list[list[int]]:
     """Split `indices` into micro-batches of at most `size` samples of one prompt each (so the
-    scorer runs each prompt once per micro-batch), longest completions first within a prompt."""
+    scorer runs each prompt once per micro-batch), longest completions first within a prompt.
+
+    `pack`: then fill each micro-batch with whole pieces of further prompts while they fit (in
+    order), so a step of many small groups takes a few large passes instead of one per prompt."""
     by_prompt: dict[bytes, list[int]] = {}
     for i in indices:
         by_prompt.setdefault(np.asarray(samples[i].prompt_ids, dtype=np.int64).tobytes(), []).append(i)
-    out = []
+    out: list[list[int]] = []
     for members in by_prompt.values():
         members.sort(key=lambda i: -len(samples[i].completion_ids))
         out.extend(members[start : start + size] for start in range(0, len(members), size))
-    return out
+    if not pack:
+        return out
+    packed: list[list[int]] = []
+    for piece in out:
+        if packed and len(packed[-1]) + len(piece) <= size:
+            packed[-1].extend(piece)
+        else:
+            packed.append(list(piece))
+    return packed
 
 
 def sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:

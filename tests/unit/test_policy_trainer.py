@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import Policy, load_policy
 from swarm_node.policy.scoring import token_logprobs
 from swarm_node.policy.trainer import Trainer, lr_factor
+from swarm_node.policy.trainer_batch import prepare_batch
 from swarm_node.policy.types import TrainSample
 
 GRPO = ObjectiveConfig(variant="grpo")
@@ -189,6 +191,24 @@ def test_micro_batching_does_not_change_the_update(cache: Path) -> None:
         total = sum(v.numel() for v in other.values())
         off = sum(int(((other[n] - v).abs() > 1e-2 * lr).sum()) for n, v in deltas[0].items())
         assert off <= total * 1e-3, f"{off} of {total} elements moved differently"
+
+
+def test_packed_prompts_do_not_change_the_update(cache: Path) -> None:
+    """`train.pack_prompts`: groups of prompts of different lengths share passes, same gradient."""
+    policy = make_policy(cache)
+    samples = make_samples(policy, [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], seed=4)
+    longer = np.asarray(policy.tokenizer("A much longer question: what is 12+30 if you add it up?",
+                                         add_special_tokens=False)["input_ids"])
+    samples = [replace(s, prompt_ids=longer) if s.group_key.endswith("-2") else s for s in samples]
+    batches, norms = [], []
+    for mbs, pack in ((3, False), (6, True), (9, True)):
+        batches.append(prepare_batch(samples, GRPO, mbs, torch.device("cpu"), pack)[0].micro_batches)
+        metrics = Trainer(make_policy(cache), TrainConfig(learning_rate=1e-3, micro_batch_size=mbs,
+                                                          pack_prompts=pack), GRPO, 1.0).step(samples)
+        norms.append(metrics["grad_norm"])
+    assert [len(b) for b in batches] == [3, 2, 1]  # one prompt a pass; then two pieces; then all three
+    assert sorted(i for mb in batches[2] for i in mb) == list(range(9))
+    assert norms[0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-5) and norms[2] == pytest.approx(norms[0], rel=1e-5)
 
 
 def test_mixed_own_and_peer_batch_and_multiple_epochs(cache: Path) -> None:
