@@ -65,12 +65,17 @@ class HFGenerator:
     """`types.Generator` over transformers `generate`, sharing the trainer's module.
 
     Prompts are expanded n times, left-padded, and generated `cfg.batch_size` sequences at a time.
+    A batch's distinct prompts are prefilled once (`share_prompts`): their keys and values, up to
+    the last prompt token, are computed in one pass and selected per row, so the n copies of a
+    prompt cost one prompt pass (the dominant cost of short completions of long prompts on a CPU);
+    the sampled tokens are those of the plain batch up to floating-point summation order.
     Returned token ids end at the first stop token (included, finish 'stop') or after
     `cfg.max_new_tokens` tokens (finish 'length'); padding after a stop is removed.
     """
 
-    def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0) -> None:
+    def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0, share_prompts: bool = True) -> None:
         self.policy = policy
+        self.share_prompts = share_prompts
         self.cfg = cfg
         self.model = policy.model
         self.stop_ids = policy.stop_token_ids
@@ -134,9 +139,11 @@ class HFGenerator:
         was_training = self.model.training
         self.model.eval()
         try:
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            cache = self._prompt_cache(input_ids, attention_mask) if self.share_prompts else None
             sequences = self.model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                generation_config=self._hf_cfg, logits_processor=LogitsProcessorList([recorder]),
+                input_ids=input_ids, attention_mask=attention_mask, generation_config=self._hf_cfg,
+                logits_processor=LogitsProcessorList([recorder]), **({"past_key_values": cache} if cache is not None else {}),
             )  # [B, P + steps]
         finally:
             self.model.train(was_training)
@@ -145,6 +152,23 @@ class HFGenerator:
         if logprobs.shape != new_tokens.shape:
             raise RuntimeError(f"recorded logprobs {tuple(logprobs.shape)} != tokens {tuple(new_tokens.shape)}")
         return [self._completion(row, lp) for row, lp in zip(new_tokens.cpu(), logprobs.cpu(), strict=True)]
+
+    def _prompt_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> object | None:
+        """Keys and values of a left-padded batch's prompts but their last token, one pass per
+        distinct prompt, selected per row ([B, P-1]); None when no prompt repeats (or P = 1, or the
+        model's cache cannot select rows): `generate` then prefills the batch itself."""
+        keys: dict[tuple[int, ...], int] = {}
+        rows = [keys.setdefault(tuple(r.tolist()), len(keys)) for r in input_ids]
+        if len(keys) == len(rows) or input_ids.shape[1] < 2:
+            return None
+        firsts = torch.tensor([rows.index(u) for u in range(len(keys))], device=input_ids.device)
+        ids, mask = input_ids[firsts, :-1], attention_mask[firsts, :-1]  # [U, P-1]
+        cache = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                           use_cache=True, logits_to_keep=1).past_key_values
+        if cache is None or not hasattr(cache, "batch_select_indices"):
+            return None
+        cache.batch_select_indices(torch.tensor(rows, device=input_ids.device))
+        return cache
 
     def _completion(self, tokens: torch.Tensor, logprobs: torch.Tensor) -> GeneratedCompletion:
         """Cut one generated row at its first stop token (kept) and drop the padding after it."""

@@ -97,6 +97,20 @@ def test_generator_logprobs_equal_trainer_scoring(policy: Policy, prompts: list[
     assert max(float(np.abs(t - g).max()) for t, g in other) > 1e-2
 
 
+def test_prompts_prefilled_once_sample_what_the_plain_batch_samples(policy: Policy, prompts: list[list[int]]) -> None:
+    """Each distinct prompt of a batch is prefilled once and its cache selected per row: the same
+    tokens and logprobs as the batch that prefills every row (prompts of different lengths)."""
+    shared = HFGenerator(policy, gen_cfg(), seed=11).generate(prompts, n=3)
+    plain = HFGenerator(policy, gen_cfg(), seed=11, share_prompts=False).generate(prompts, n=3)
+    assert len(shared) == len(prompts) and [len(g) for g in shared] == [3, 3, 3]
+    for a_group, b_group in zip(shared, plain, strict=True):
+        for a, b in zip(a_group, b_group, strict=True):
+            assert a.token_ids.tolist() == b.token_ids.tolist() and a.finish_reason == b.finish_reason
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+    distinct = HFGenerator(policy, gen_cfg(), seed=11)  # no prompt repeats: generate prefills the batch itself
+    assert distinct._prompt_cache(torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.ones(2, 3, dtype=torch.long)) is None
+
+
 def test_sync_weights_uses_the_current_weights(policy: Policy, prompts: list[list[int]]) -> None:
     gen = HFGenerator(policy, gen_cfg(), seed=3)
     before = gen.generate(prompts[:1], n=2)
