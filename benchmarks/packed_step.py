@@ -1,6 +1,7 @@
 """One F-TIS training step and one generation round at the power sandbox's shape, one prompt per
-micro-batch against several prompts packed into one (`train.pack_prompts`), and generation in
-batches of 64 against 128.
+micro-batch against several prompts packed into one (`train.pack_prompts`), and generation with
+every row prefilled against each distinct prompt prefilled once (`HFGenerator(share_prompts=...)`),
+in batches of 64 and 128.
 
     python -m benchmarks.packed_step                       # tiny-random:64x2, 16 prompts x G = 8, 16 peer groups
     python -m benchmarks.packed_step --model smollm2-135m --peer-model smollm2-135m --prompts 4 --group 4 \
@@ -11,7 +12,10 @@ them, own groups from the node's model and as many peer groups from another mode
 other weights, the same tokenizer), rewards drawn at random (about half correct) so that F-TIS
 filters some peer samples and diagnoses them in a no-grad pass, as in the grid. Each configuration runs `--repeats`
 steps on a fresh copy of the weights after one untimed step; the median seconds are reported, and
-`train_speedup` = one-prompt median / packed median (the same run, the same samples).
+`train_speedup` = one-prompt median / packed median (the same run, the same samples);
+`gen_speedup_shared_prefill` = every row prefilled / each prompt once (batches of 64);
+`gen_speedup_batch128` = batches of 64 / of 128 (both prefilling each prompt once). The untrained
+model answers to the token limit; a trained one stops earlier, which favours smaller batches.
 Last line: one JSON object (benchmarks.common.emit).
 """
 
@@ -64,15 +68,15 @@ def main() -> None:
     prompts = [render_prompt(policy.tokenizer, q, "Answer in \\boxed{}.") for q in questions]
     gen = {b: GenerationConfig(max_new_tokens=args.max_new_tokens, batch_size=b) for b in (64, 128)}
     gen_seconds = {}
-    for b, cfg in gen.items():
-        generator = HFGenerator(policy, cfg, seed=0)
+    for key, b, share in (("batch64_plain", 64, False), ("batch64", 64, True), ("batch128", 128, True)):
+        generator = HFGenerator(policy, gen[b], seed=0, share_prompts=share)
         generator.generate(prompts[:2], n=args.group)
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
             generator.generate(prompts[: args.prompts], n=args.group)
             times.append(time.perf_counter() - start)
-        gen_seconds[b] = statistics.median(times)
+        gen_seconds[key] = statistics.median(times)
     own = _samples(policy, HFGenerator(policy, gen[64], seed=0), prompts[: args.prompts], args.group, "self", rng)
     theirs = _samples(peer, HFGenerator(peer, gen[64], seed=1), prompts[args.prompts:], args.group, "peer", rng)
     samples = own + theirs
@@ -95,8 +99,9 @@ def main() -> None:
         "train_seconds_one_prompt": train_seconds["one_prompt"], "train_seconds_packed": train_seconds["packed"],
         "train_speedup": train_seconds["one_prompt"] / train_seconds["packed"],
         "grad_norm_one_prompt": norms["one_prompt"], "grad_norm_packed": norms["packed"],
-        "gen_seconds_batch64": gen_seconds[64], "gen_seconds_batch128": gen_seconds[128],
-        "gen_speedup": gen_seconds[64] / gen_seconds[128],
+        **{f"gen_seconds_{k}": v for k, v in gen_seconds.items()},
+        "gen_speedup_shared_prefill": gen_seconds["batch64_plain"] / gen_seconds["batch64"],
+        "gen_speedup_batch128": gen_seconds["batch64"] / gen_seconds["batch128"],
     })
 
 

@@ -25,6 +25,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from swarm_node.config import GenerationConfig
 from swarm_node.policy.models import Policy
+from swarm_node.policy.scoring import distinct_rows
 from swarm_node.policy.types import GeneratedCompletion, Generator
 
 log = logging.getLogger(__name__)
@@ -157,11 +158,9 @@ class HFGenerator:
         """Keys and values of a left-padded batch's prompts but their last token, one pass per
         distinct prompt, selected per row ([B, P-1]); None when no prompt repeats (or P = 1, or the
         model's cache cannot select rows): `generate` then prefills the batch itself."""
-        keys: dict[tuple[int, ...], int] = {}
-        rows = [keys.setdefault(tuple(r.tolist()), len(keys)) for r in input_ids]
-        if len(keys) == len(rows) or input_ids.shape[1] < 2:
+        firsts, rows = distinct_rows(input_ids)
+        if len(firsts) == len(rows) or input_ids.shape[1] < 2:
             return None
-        firsts = torch.tensor([rows.index(u) for u in range(len(keys))], device=input_ids.device)
         ids, mask = input_ids[firsts, :-1], attention_mask[firsts, :-1]  # [U, P-1]
         cache = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
                            use_cache=True, logits_to_keep=1).past_key_values

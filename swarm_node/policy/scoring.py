@@ -127,12 +127,11 @@ def _score_prompt_groups(model: torch.nn.Module, prompts: list[Tensor], row_prom
     return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
 
 
-def _distinct(prompts: list[Tensor]) -> tuple[list[Tensor], list[int]]:
-    """(the distinct prompts in order of first appearance, each row's index among them)."""
+def distinct_rows(rows: Sequence[Tensor]) -> tuple[list[int], list[int]]:
+    """(the index of each distinct row's first appearance, each row's index among the distinct ones)."""
     keys: dict[tuple[int, ...], int] = {}
-    rows = [keys.setdefault(tuple(p.tolist()), len(keys)) for p in prompts]
-    firsts = {u: i for i, u in reversed(list(enumerate(rows)))}
-    return [prompts[firsts[u]] for u in range(len(keys))], rows
+    which = [keys.setdefault(tuple(r.tolist()), len(keys)) for r in rows]
+    return [which.index(u) for u in range(len(keys))], which
 
 
 def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completions: list[Tensor],
@@ -145,9 +144,9 @@ def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completion
         if shared is not None:
             return shared
     elif len(prompts) > 1:
-        distinct, row_prompt = _distinct(prompts)
-        if len(distinct) < len(prompts):  # some rows share a prompt: run each distinct prompt once
-            grouped = _score_prompt_groups(model, distinct, row_prompt, completions, temperature)
+        firsts, row_prompt = distinct_rows(prompts)
+        if len(firsts) < len(prompts):  # some rows share a prompt: run each distinct prompt once
+            grouped = _score_prompt_groups(model, [prompts[i] for i in firsts], row_prompt, completions, temperature)
             if grouped is not None:
                 return grouped
     device = prompts[0].device
