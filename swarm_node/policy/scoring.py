@@ -15,6 +15,7 @@ left-padded, and each row's completion on its prompt's cache (`_score_prompt_gro
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -70,15 +71,30 @@ def _score_shared_prompt(model: torch.nn.Module, prompt: Tensor, completions: li
     if cache is None or not hasattr(cache, "batch_repeat_interleave"):
         return None
     first_logits = out.logits[:, -1:].expand(b, 1, -1)  # [b, 1, V] predicts completion token 0
+    prefix_mask = torch.ones(b, p_len, dtype=torch.long, device=prompt.device)  # [b, P]
+    return _completions_on_cache(model, first_logits, cache, None, prefix_mask,
+                                 torch.full((b,), p_len, device=prompt.device), completions, temperature)
+
+
+def _completions_on_cache(model: torch.nn.Module, first_logits: Tensor, cache: Any, rows: Tensor | None,
+                          prefix_mask: Tensor, starts: Tensor, completions: list[Tensor],
+                          temperature: float) -> list[Tensor]:
+    """Logprobs of each row's completion on top of its prompt's cache, expanded to one cache row per
+    completion (`rows`: the cache row of each; None: one prompt, repeated): `first_logits` [b, 1, V]
+    predict token 0, tokens 0..T-2 run on the cache (`prefix_mask` [b, P] its valid columns,
+    `starts` [b] each row's first completion position)."""
+    device = first_logits.device
     targets = pad_right(completions, 0, torch.long)  # [b, T]
     t_max = targets.shape[1]
-    lengths = torch.tensor([len(c) for c in completions], device=prompt.device)
+    lengths = torch.tensor([len(c) for c in completions], device=device)
     if t_max > 1:  # completion tokens 0..T-2 predict tokens 1..T-1 on top of the prompt's cache
-        cache.batch_repeat_interleave(b)
-        valid = torch.arange(t_max - 1, device=prompt.device)[None, :] < lengths[:, None]  # [b, T-1]
-        attention_mask = torch.cat([torch.ones(b, p_len, dtype=torch.long, device=prompt.device),
-                                    valid.long()], dim=1)  # [b, P + T-1]
-        positions = torch.arange(p_len, p_len + t_max - 1, device=prompt.device)[None, :].expand(b, -1)
+        if rows is None:
+            cache.batch_repeat_interleave(len(completions))
+        else:
+            cache.batch_select_indices(rows)
+        valid = torch.arange(t_max - 1, device=device)[None, :] < lengths[:, None]  # [b, T-1]
+        attention_mask = torch.cat([prefix_mask, valid.long()], dim=1)  # [b, P + T-1]
+        positions = starts[:, None] + torch.arange(t_max - 1, device=device)[None, :]  # [b, T-1]
         rest = model(input_ids=targets[:, :-1], attention_mask=attention_mask, past_key_values=cache,
                      position_ids=positions, use_cache=True).logits  # [b, T-1, V]
         logits = torch.cat([first_logits, rest], dim=1)  # [b, T, V]
@@ -109,22 +125,8 @@ def _score_prompt_groups(model: torch.nn.Module, prompts: list[Tensor], row_prom
     if cache is None or not hasattr(cache, "batch_select_indices"):
         return None
     rows = torch.tensor(row_prompt, device=device)  # [b]
-    first_logits = out.logits[rows, -1:]  # [b, 1, V] predicts completion token 0
-    targets = pad_right(completions, 0, torch.long)  # [b, T]
-    t_max = targets.shape[1]
-    lengths = torch.tensor([len(c) for c in completions], device=device)
-    if t_max > 1:  # completion tokens 0..T-2 predict tokens 1..T-1 on top of their prompt's cache
-        cache.batch_select_indices(rows)
-        valid = torch.arange(t_max - 1, device=device)[None, :] < lengths[:, None]  # [b, T-1]
-        attention_mask = torch.cat([prompt_mask[rows], valid.long()], dim=1)  # [b, P + T-1]
-        positions = p_lens[rows][:, None] + torch.arange(t_max - 1, device=device)[None, :]  # [b, T-1]
-        rest = model(input_ids=targets[:, :-1], attention_mask=attention_mask, past_key_values=cache,
-                     position_ids=positions, use_cache=True).logits  # [b, T-1, V]
-        logits = torch.cat([first_logits, rest], dim=1)  # [b, T, V]
-    else:
-        logits = first_logits
-    logprobs = _token_logprobs(logits, targets, temperature)  # [b, T]
-    return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
+    return _completions_on_cache(model, out.logits[rows, -1:], cache, rows, prompt_mask[rows], p_lens[rows],
+                                 completions, temperature)
 
 
 def distinct_rows(rows: Sequence[Tensor]) -> tuple[list[int], list[int]]:

@@ -149,37 +149,8 @@ def test_scoring_is_independent_of_micro_batching_and_padding(policy: Policy, pr
     assert lps[0].requires_grad and lps[1].numel() == 0
 
 
-def test_shared_prompt_scoring_equals_separate_rows_in_value_and_gradient(policy: Policy,
-                                                                           prompts: list[list[int]]) -> None:
-    """A micro-batch of one prompt runs the prompt once (cache expanded to the rows): same
-    logprobs and the same parameter gradient as scoring each row on its own."""
-    group = HFGenerator(policy, gen_cfg(), seed=6).generate([prompts[1]], n=5)[0]
-    completions = [c.token_ids for c in group] + [np.asarray(group[0].token_ids[:1])]  # one 1-token row
-    rows = [prompts[1]] * len(completions)
-    grads = []
-    for mbs in (len(rows), 1):  # all rows in one shared-prompt micro-batch / one row at a time
-        policy.model.zero_grad(set_to_none=True)
-        lps = token_logprobs(policy.model, rows, completions, 0.8, micro_batch_size=mbs)
-        sum((lp * torch.linspace(1, 2, len(lp))).sum() for lp in lps).backward()
-        grads.append(({n: p.grad.clone() for n, p in policy.model.named_parameters()}, [lp.detach() for lp in lps]))
-    policy.model.zero_grad(set_to_none=True)
-    (shared_grad, shared_lp), (alone_grad, alone_lp) = grads
-    for x, y in zip(shared_lp, alone_lp, strict=True):
-        torch.testing.assert_close(x, y, atol=2e-5, rtol=0)
-    for name, g in alone_grad.items():
-        torch.testing.assert_close(shared_grad[name], g, atol=1e-5, rtol=1e-4, msg=name)
-
-
-def test_grouped_prompt_scoring_equals_separate_rows_in_value_and_gradient(policy: Policy,
-                                                                            prompts: list[list[int]]) -> None:
-    """A micro-batch of several prompts' groups (prompts of different lengths, interleaved rows)
-    runs each distinct prompt once, left-padded: same logprobs and gradient as one row at a time."""
-    short = prompts[0][:3]
-    assert len(short) < len(prompts[1])
-    groups = HFGenerator(policy, gen_cfg(), seed=7).generate([short, prompts[1]], n=3)
-    rows = [short, prompts[1], short, prompts[1], short, prompts[1], prompts[1]]
-    completions = [groups[0][0].token_ids, groups[1][0].token_ids, groups[0][1].token_ids, groups[1][1].token_ids,
-                   groups[0][2].token_ids, groups[1][2].token_ids, np.asarray(groups[1][0].token_ids[:1])]
+def assert_batched_scoring_equals_separate_rows(policy: Policy, rows: list, completions: list) -> None:
+    """All rows in one micro-batch give the same logprobs and parameter gradient as one row at a time."""
     grads = []
     for mbs in (len(rows), 1):
         policy.model.zero_grad(set_to_none=True)
@@ -187,11 +158,32 @@ def test_grouped_prompt_scoring_equals_separate_rows_in_value_and_gradient(polic
         sum((lp * torch.linspace(1, 2, len(lp))).sum() for lp in lps).backward()
         grads.append(({n: p.grad.clone() for n, p in policy.model.named_parameters()}, [lp.detach() for lp in lps]))
     policy.model.zero_grad(set_to_none=True)
-    (grouped_grad, grouped_lp), (alone_grad, alone_lp) = grads
-    for x, y in zip(grouped_lp, alone_lp, strict=True):
+    (batched_grad, batched_lp), (alone_grad, alone_lp) = grads
+    for x, y in zip(batched_lp, alone_lp, strict=True):
         torch.testing.assert_close(x, y, atol=2e-5, rtol=0)
     for name, g in alone_grad.items():
-        torch.testing.assert_close(grouped_grad[name], g, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(batched_grad[name], g, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_shared_prompt_scoring_equals_separate_rows_in_value_and_gradient(policy: Policy,
+                                                                           prompts: list[list[int]]) -> None:
+    """A micro-batch of one prompt runs the prompt once (cache expanded to the rows)."""
+    group = HFGenerator(policy, gen_cfg(), seed=6).generate([prompts[1]], n=5)[0]
+    completions = [c.token_ids for c in group] + [np.asarray(group[0].token_ids[:1])]  # one 1-token row
+    assert_batched_scoring_equals_separate_rows(policy, [prompts[1]] * len(completions), completions)
+
+
+def test_grouped_prompt_scoring_equals_separate_rows_in_value_and_gradient(policy: Policy,
+                                                                            prompts: list[list[int]]) -> None:
+    """A micro-batch of several prompts' groups (prompts of different lengths, interleaved rows)
+    runs each distinct prompt once, left-padded."""
+    short = prompts[0][:3]
+    assert len(short) < len(prompts[1])
+    groups = HFGenerator(policy, gen_cfg(), seed=7).generate([short, prompts[1]], n=3)
+    rows = [short, prompts[1], short, prompts[1], short, prompts[1], prompts[1]]
+    completions = [groups[0][0].token_ids, groups[1][0].token_ids, groups[0][1].token_ids, groups[1][1].token_ids,
+                   groups[0][2].token_ids, groups[1][2].token_ids, np.asarray(groups[1][0].token_ids[:1])]
+    assert_batched_scoring_equals_separate_rows(policy, rows, completions)
 
 
 def test_make_generator_selects_backend(policy: Policy) -> None:
