@@ -141,16 +141,16 @@ def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completion
     """Logprobs for one micro-batch; returns one [T_i] float32 tensor per row."""
     if min(len(p) for p in prompts) < 1:
         raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
-    if len(prompts) > 1 and all(torch.equal(p, prompts[0]) for p in prompts[1:]):
-        shared = _score_shared_prompt(model, prompts[0], completions, temperature)
-        if shared is not None:
-            return shared
-    elif len(prompts) > 1:
+    if len(prompts) > 1:
         firsts, row_prompt = distinct_rows(prompts)
-        if len(firsts) < len(prompts):  # some rows share a prompt: run each distinct prompt once
-            grouped = _score_prompt_groups(model, [prompts[i] for i in firsts], row_prompt, completions, temperature)
-            if grouped is not None:
-                return grouped
+        if len(firsts) == 1:  # one prompt: run it once, its cache repeated
+            scored = _score_shared_prompt(model, prompts[0], completions, temperature)
+        elif len(firsts) < len(prompts):  # some rows share a prompt: run each distinct prompt once
+            scored = _score_prompt_groups(model, [prompts[i] for i in firsts], row_prompt, completions, temperature)
+        else:
+            scored = None
+        if scored is not None:
+            return scored
     device = prompts[0].device
     p_lens = [len(p) for p in prompts]
     c_lens = [len(c) for c in completions]
