@@ -11,6 +11,10 @@
 
 A run without `done.json` (interrupted) is removed and run again; finished runs are skipped, so
 running the same command again after an interruption continues the grid where it stopped.
+Several processes may run the same command on one directory at once (one thread each on a
+multi-core machine): a process claims a run by an exclusive lock on `seed<k>.lock` beside its
+directory, held while it runs (the kernel drops it if the process dies), and passes over runs
+another process holds, so each run is made once and the processes finish together.
 """
 
 from __future__ import annotations
@@ -24,26 +28,39 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
+from swarm_node.policy.models import _file_lock
 from swarm_node.tasks.base import PromptSet
+
+# While a grid runs, its summary (tables and plots of every finished run: about 2-3 s for a 100-run
+# grid) is rewritten at most this often, and always at the end.
+SUMMARY_EVERY_S = 300.0
 
 
 def prepare_models(spec: ExperimentSpec, log: Callable[[str], None], names: set[str] | None = None,
                    seeds: list[int] | None = None) -> dict[tuple[str, int], str]:
     """(node name, seed) -> model name (a warm model's directory when the node has a warm-up: one per
-    seed with `warmup_seed = "per_seed"`), for `names` and `seeds` (default: every node and seed)."""
+    seed with `warmup_seed = "per_seed"`), for `names` and `seeds` (default: every node and seed).
+
+    Warm models another process is training are passed over at first and waited for at the end, so
+    that processes sharing a grid train different warm models side by side."""
     from swarm_node.experiment.warmup import ensure_warm_model
 
-    out = {}
-    for node in spec.nodes:
-        if names is not None and node.name not in names:
-            continue
-        for seed in spec.experiment.seeds if seeds is None else seeds:
+    wanted = [(node, seed) for node in spec.nodes if names is None or node.name in names
+              for seed in (spec.experiment.seeds if seeds is None else seeds)]
+    out: dict[tuple[str, int], str] = {}
+    for wait in (False, True):
+        for node, seed in wanted:
+            if (node.name, seed) in out:
+                continue
             warm = node.warmup_for(spec, seed)
             if warm is None:
                 out[(node.name, seed)] = str(node.model)
                 continue
             t0 = time.perf_counter()
-            path = ensure_warm_model(warm, spec.experiment.cache_dir.expanduser() / "warm", log=log)
+            path = ensure_warm_model(warm, spec.experiment.cache_dir.expanduser() / "warm", log=log, wait=wait)
+            if path is None:
+                log(f"node {node.name} seed {seed}: warm model being trained by another process; later")
+                continue
             log(f"node {node.name} seed {seed}: warm model {path.name} ({time.perf_counter() - t0:.0f}s)")
             out[(node.name, seed)] = str(path)
     return out
@@ -95,12 +112,14 @@ def budget_record(configs: list[tuple[str, Any]], steps: int) -> dict[str, Any]:
 
 def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs: list[str] | None = None,
              arms: list[str] | None = None, log: Callable[[str], None] = print,
-             stop_after: int | None = None, seeds: list[int] | None = None) -> dict[str, Any]:
+             stop_after: int | None = None, seeds: list[int] | None = None,
+             summary_every: float = SUMMARY_EVERY_S) -> dict[str, Any]:
     """Run every pair x arm x seed not yet finished under `out`, then write the summary and plots
-    (also after each run, so an unfinished grid has a summary of what is done).
+    (also after a run when `summary_every` seconds have passed since the last, so an unfinished grid
+    has a summary of what is done; 0: after every run).
 
-    `pairs`, `arms`, `seeds`: only these pairs / arms / seeds (several processes can share one output
-    directory, one pair or one set of seeds each; a swarm-mode confirmation runs the arms it confirms);
+    `pairs`, `arms`, `seeds`: only these pairs / arms / seeds (a swarm-mode confirmation runs the arms
+    it confirms); several processes can share one output directory, with or without these filters;
     `stop_after`: run at most this many new runs, then return (tests use it to play an interruption)."""
     from swarm_node.experiment.evaluation import Evaluator
     from swarm_node.experiment.lockstep import run_lockstep
@@ -133,6 +152,7 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
                           out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"), ood=ood)
     lora = {n.name: c.model.lora.enabled for n, c in zip(spec.nodes, probe, strict=True)}
     done_now, t_grid = 0, time.perf_counter()
+    t_summary = t_grid
     try:
         for i, (pair, arm, seed) in enumerate(runs):
             rid = run_id(pair, arm, seed)
@@ -142,29 +162,39 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
                 continue
             if stop_after is not None and done_now >= stop_after:
                 break
-            if run_dir.exists():
-                shutil.rmtree(run_dir)  # an interrupted run starts over
-            run_dir.mkdir(parents=True)
-            configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
-                                          run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
-                       for name in pair.nodes]
-            atomic_write_text(run_dir / "budget.json", json.dumps(budget_record(configs, spec.experiment.steps)))
-            log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
-            evaluator.model_keys = {name: f"{models[(name, seed)]}|lora={lora[name]}" for name in pair.nodes}
-            t0 = time.perf_counter()
-            kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
-                          run_dir=run_dir, log=log)
-            if mode == "lockstep":
-                run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
-            else:
-                run_swarm(configs, **kwargs)
-            seconds = time.perf_counter() - t0
-            done_now += 1
-            atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
-            left = sum(1 for p, a, s in runs[i + 1:] if not (out / "runs" / run_id(p, a, s) / "done.json").exists())
-            rate = (time.perf_counter() - t_grid) / done_now
-            log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
-            write_summary(out, spec)
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(run_dir.with_name(run_dir.name + ".lock"), wait=False) as claimed:
+                if not claimed:
+                    log(f"[{i + 1}/{len(runs)}] {rid}: running in another process, skipped")
+                    continue
+                if (run_dir / "done.json").exists():  # another process finished it since the check above
+                    continue
+                if run_dir.exists():
+                    shutil.rmtree(run_dir)  # an interrupted run starts over
+                run_dir.mkdir(parents=True)
+                configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
+                                              run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
+                           for name in pair.nodes]
+                atomic_write_text(run_dir / "budget.json", json.dumps(budget_record(configs, spec.experiment.steps)))
+                log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
+                evaluator.model_keys = {name: f"{models[(name, seed)]}|lora={lora[name]}" for name in pair.nodes}
+                t0 = time.perf_counter()
+                kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
+                              run_dir=run_dir, log=log)
+                if mode == "lockstep":
+                    run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
+                else:
+                    run_swarm(configs, **kwargs)
+                seconds = time.perf_counter() - t0
+                done_now += 1
+                atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
+                left = sum(1 for p, a, s in runs[i + 1:]
+                           if not (out / "runs" / run_id(p, a, s) / "done.json").exists())
+                rate = (time.perf_counter() - t_grid) / done_now
+                log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
+                if time.perf_counter() - t_summary >= summary_every:
+                    write_summary(out, spec)
+                    t_summary = time.perf_counter()
     finally:
         evaluator.close()
     shutil.rmtree(out / "probe", ignore_errors=True)

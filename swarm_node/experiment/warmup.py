@@ -202,6 +202,7 @@ def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
     return info
 
 
-def ensure_warm_model(spec: WarmupSpec, cache_dir: Path, log=print) -> Path:
-    """The warm model's directory under `cache_dir`, trained once and reused (atomic, locked)."""
-    return _ensure_dir(Path(cache_dir) / spec.cache_name(), lambda out: train_warmup(spec, out, log))
+def ensure_warm_model(spec: WarmupSpec, cache_dir: Path, log=print, wait: bool = True) -> Path | None:
+    """The warm model's directory under `cache_dir`, trained once and reused (atomic, locked);
+    `wait=False`: None at once while another process trains it."""
+    return _ensure_dir(Path(cache_dir) / spec.cache_name(), lambda out: train_warmup(spec, out, log), wait)

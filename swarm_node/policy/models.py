@@ -274,15 +274,18 @@ def ensure_embedded_dir(root: Path) -> Path:
     return _ensure_dir(root / _EMBEDDED_DIR, convert)
 
 
-def _ensure_dir(final: Path, build: Callable[[Path], None]) -> Path:
+def _ensure_dir(final: Path, build: Callable[[Path], None], wait: bool = True) -> Path | None:
     """Return `final`, building it with `build(tmp_dir)` under an exclusive lock if it is absent.
 
     The directory is published with `atomic_replace_dir`, so it exists only when complete.
-    Leftover temporary directories from killed processes are removed under the lock."""
+    Leftover temporary directories from killed processes are removed under the lock. `wait=False`:
+    None at once when another process holds the lock (is building it)."""
     if final.is_dir():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(final.with_name(final.name + ".lock")):
+    with _file_lock(final.with_name(final.name + ".lock"), wait) as held:
+        if not held:
+            return None
         if final.is_dir():  # another process finished while we waited
             return final
         for stale in final.parent.glob(f".{final.name}.*.tmp"):
@@ -298,10 +301,16 @@ def _ensure_dir(final: Path, build: Callable[[Path], None]) -> Path:
 
 
 @contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive `flock` on `path` for the block; yields whether it is held (always, with `wait`;
+    without, False when another process holds it). The kernel releases it if the process dies."""
     with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)

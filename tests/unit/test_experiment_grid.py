@@ -5,13 +5,18 @@ a seed, the swarm-mode config round-trips, and peer_lag delays what peers see.""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import threading
 
 import pytest
 
-from swarm_node.experiment.grid import run_grid
+from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
 from swarm_node.experiment.spec import ExperimentSpec, node_config
 from swarm_node.experiment.swarm_mode import local_file
+from swarm_node.policy.models import _file_lock
 from swarm_node.swarm.memory import MemorySwarm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -105,6 +110,79 @@ def test_grid_runs_resumes_and_is_deterministic(spec, tmp_path):
     after = (_stable(run / "a/metrics.jsonl"), _stable(run / "b/metrics.jsonl"), _stable(run / "evals.jsonl"))
     assert after == before
     assert any(r["active_tokens"] > 0 and r["grad_norm"] > 0 for r in before[0])  # the compared runs trained
+
+
+@pytest.mark.parametrize(("every", "mid_grid"), [(0.0, True), (1e9, False)])
+def test_summary_is_rewritten_mid_grid_at_most_every_summary_every_seconds(spec, tmp_path, every, mid_grid):
+    out = tmp_path / "out"
+    seen: list[bool] = []
+
+    def log(msg: str) -> None:
+        if msg.endswith("(lockstep)"):  # a run starts: is there a summary of the runs before it?
+            seen.append((out / "summary.md").exists())
+
+    run_grid(spec, out, log=log, arms=["isolated"], summary_every=every)
+    assert seen == [False, mid_grid]
+    assert "| isolated | a |" in (out / "summary.md").read_text()  # always written at the end
+
+
+def test_a_run_another_process_holds_is_passed_over_and_made_later(spec, tmp_path):
+    out = tmp_path / "out"
+    (out / "runs/all/isolated").mkdir(parents=True)
+    logs: list[str] = []
+    with _file_lock(out / "runs/all/isolated/seed0.lock") as held:  # "another process" is running seed 0
+        assert held
+        run_grid(spec, out, log=logs.append, arms=["isolated"])
+    assert "[1/2] all/isolated/seed0: running in another process, skipped" in logs
+    assert not (out / "runs/all/isolated/seed0/done.json").exists()
+    assert (out / "runs/all/isolated/seed1/done.json").exists()
+    logs.clear()
+    run_grid(spec, out, log=logs.append, arms=["isolated"])  # the holder died: the run is made now
+    assert (out / "runs/all/isolated/seed0/done.json").exists()
+    assert "[2/2] all/isolated/seed1: done already, skipped" in logs
+
+
+def test_a_warm_model_another_process_trains_is_waited_for_after_the_others(spec, tmp_path):
+    warm_dir = tmp_path / "cache/warm"
+    warm_dir.mkdir(parents=True)
+    name = spec.node("a").warmup_for(spec, 0).cache_name()
+    assert name != spec.node("a").warmup_for(spec, 1).cache_name()  # one warm model per seed here
+    logs: list[str] = []
+    lock = _file_lock(warm_dir / f"{name}.lock")
+    assert lock.__enter__()  # "another process" trains seed 0's warm model; it stops 2 s later
+    timer = threading.Timer(2.0, lambda: lock.__exit__(None, None, None))
+    timer.start()
+    try:
+        models = prepare_models(spec, logs.append, {"a"})
+    finally:
+        timer.join()
+    order = [m for m in logs if m.startswith("node a")]
+    assert order[0] == "node a seed 0: warm model being trained by another process; later"
+    assert order[1].startswith("node a seed 1: warm model warm-")  # trained meanwhile
+    assert order[2].startswith(f"node a seed 0: warm model {name}")
+    assert models[("a", 0)] == str(warm_dir / name) and (warm_dir / name).is_dir()
+
+
+def test_two_processes_share_one_grid_each_run_made_once(spec, tmp_path):
+    """Two `swarm-node experiment` processes on one directory, no filters: every run and each warm
+    model are made once (without the claims, each process would make every run, or remove the
+    other's unfinished run and fail)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(tmp_path / "exp.toml"), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for _ in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    made = [[ln.split()[1] for ln in log.splitlines() if " finished in " in ln and ln.startswith("[")]
+            for log in logs]
+    runs = ["all/f-tis/seed0", "all/f-tis/seed1", "all/isolated/seed0", "all/isolated/seed1"]
+    assert sorted(made[0] + made[1]) == runs  # each run once, by one of the two
+    assert sorted(p.parent.relative_to(out / "runs").as_posix() for p in out.glob("runs/*/*/*/done.json")) == runs
+    for seed in (0, 1):  # each seed's warm model trained once, by one process
+        name = spec.node("a").warmup_for(spec, seed).cache_name()
+        assert sum(log.count(f"warm-up {name} step 60/60") for log in logs) == 1, logs
+    assert "| f-tis | a |" in (out / "summary.md").read_text()
 
 
 def test_peer_lag_holds_writes_back(tmp_path):
