@@ -151,7 +151,11 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     evaluator = Evaluator(spec, heldout, probe[0].task.system_prompt,
                           out / ("eval0.json" if split == "heldout" else f"eval0-{split}.json"), ood=ood)
     lora = {n.name: c.model.lora.enabled for n, c in zip(spec.nodes, probe, strict=True)}
-    done_now, t_grid = 0, time.perf_counter()
+
+    def unfinished() -> int:  # in the whole selection, whichever process makes them
+        return sum(1 for p, a, s in runs if not (out / "runs" / run_id(p, a, s) / "done.json").exists())
+
+    done_now, t_grid, left_at_start = 0, time.perf_counter(), unfinished()
     t_summary = t_grid
     try:
         for i, (pair, arm, seed) in enumerate(runs):
@@ -188,9 +192,8 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
                 seconds = time.perf_counter() - t0
                 done_now += 1
                 atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
-                left = sum(1 for p, a, s in runs[i + 1:]
-                           if not (out / "runs" / run_id(p, a, s) / "done.json").exists())
-                rate = (time.perf_counter() - t_grid) / done_now
+                left = unfinished()  # the pace counts runs other processes on this directory finished too
+                rate = (time.perf_counter() - t_grid) / max(1, left_at_start - left)
                 log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
                 if time.perf_counter() - t_summary >= summary_every:
                     write_summary(out, spec)
