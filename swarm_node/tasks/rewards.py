@@ -142,6 +142,11 @@ class CorrectnessReward:
         so the first peer verification is not charged the worker's startup."""
         self._runner_for(True).launch()
 
+    def ready_peer_worker(self) -> None:
+        """Wait until the peers' worker is up (starting it if need be): a verifier calls this before
+        it starts a peer's clock, so the worker's startup is never charged to a peer's budget."""
+        self._runner_for(True).start()
+
     def _runner_for(self, peer: bool) -> BoundedRunner:
         if not peer:
             return self.runner

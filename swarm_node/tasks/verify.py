@@ -13,10 +13,14 @@ known to be slow, and `PeerVerifier` bounds the rest:
   `blamed`, so the caller can refuse the record for good (`swarm_node.rejects`);
 - a group that finds the budget spent is dropped whole (`verify_budget`), never half-scored.
 
-Time is charged as measured, so the budget can be overrun by at most one call's bound plus the
-start of a fresh verifier worker (after a timeout killed the last one, about a second); from
-then on the gather's later groups are dropped. The peers' worker is launched when the first
-gather begins (`CorrectnessReward.start_peer_worker`), so its first startup overlaps the fetch.
+Time is charged as measured, so the budget can be overrun by at most one call's bound; from then
+on the gather's later groups are dropped. The peers' worker is launched when the first gather
+begins (`CorrectnessReward.start_peer_worker`), so its first startup overlaps the fetch, and the
+verifier waits for it to be ready (`ready_peer_worker`) before it starts a peer's clock: neither
+that startup nor a fresh worker's after a timeout is charged to a peer (on a loaded machine the
+first startup alone took over a peer's 1 s and dropped its groups). The uncharged time stays
+bounded: a fresh worker follows only a timed-out call, and each timed-out call spends its whole
+bound, so a gather has at most about step_budget_s / peer_budget_s + 1 of them.
 
 `PeerVerifier.group_rewards` is the one entry point; the exchange side may call it on any thread
 (one verifier per gather; it is not shared between threads).
@@ -75,6 +79,7 @@ class PeerVerifier:
     def group_rewards(self, texts: Sequence[str], problem: Problem, sender: str) -> GroupVerdict:
         """Rewards of one peer group's completion texts, or the reason it is dropped whole."""
         score = getattr(self.reward_fn, "score", None)
+        ready = getattr(self.reward_fn, "ready_peer_worker", None)  # its startup is ours, not the peer's
         timeout_s = getattr(self.reward_fn, "timeout_s", None)
         full_bound = self.peer_budget_s if timeout_s is None else min(float(timeout_s), self.peer_budget_s)
         rewards: list[float] = []
@@ -83,6 +88,8 @@ class PeerVerifier:
             left = self.left(sender)
             if left <= 0:
                 return GroupVerdict(None, VERIFY_BUDGET, seconds=seconds)
+            if ready is not None:
+                ready()
             start = self.clock()
             if score is None:
                 value, timed_out = float(self.reward_fn(text, problem)), False

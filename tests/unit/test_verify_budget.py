@@ -107,6 +107,26 @@ def test_real_verifier_timeout_is_bounded_by_the_peer_budget() -> None:
         reward.close()
 
 
+def _agrees(gold: str, prediction: str) -> bool:
+    return True
+
+
+def test_the_peer_workers_startup_is_not_charged_to_the_peer() -> None:
+    """The peers' worker takes 1.5 s to come up (math_verify's import on a loaded machine did) against
+    a peer budget of 1 s: the verifier waits for it before the peer's clock starts, so the peer's
+    group is scored, not dropped for a budget its own answers never used."""
+    reward = CorrectnessReward("math", timeout_s=5.0, verify_fn=_agrees, runner=BoundedRunner(10.0))
+    reward._peer_runner = BoundedRunner(5.0, warmup=(time.sleep, (1.5,)))
+    try:
+        reward.start_peer_worker()  # launched, not ready: what a node does as its first gather begins
+        v = PeerVerifier(reward, step_budget_s=4.0, peer_budget_s=1.0)
+        verdict = v.group_rewards(["\\boxed{0.5}", "\\boxed{0.5}"], PROBLEM, "p")
+        assert verdict.reason is None and verdict.rewards == [1.0, 1.0]
+        assert v.spent_by_peer["p"] < 1.0
+    finally:
+        reward.close()
+
+
 # ---- through the node loop --------------------------------------------------------------------------
 
 def _publish_texts(node, text: str) -> None:
