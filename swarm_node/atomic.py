@@ -1,14 +1,19 @@
 """Atomic file writes: write to a temporary file in the same directory, fsync, then rename.
 
 Everything the node persists (checkpoints, identity keys, configs) goes through here, so a node
-killed at any moment leaves either the old file or the new one, never a torn one.
+killed at any moment leaves either the old file or the new one, never a torn one. A directory that
+several processes may need (a converted model, a warm-up) is built once under an exclusive file
+lock and published whole (`ensure_dir`); `file_lock` is that lock, also used to claim work.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -56,7 +61,7 @@ def atomic_replace_dir(tmp_dir: Path, final_dir: Path) -> None:
     final_dir = Path(final_dir)
     old = final_dir.with_name(final_dir.name + ".old")
     if old.exists():
-        _rmtree(old)
+        shutil.rmtree(old)
     for root, _dirs, files in os.walk(tmp_dir):
         for name in files:
             with open(Path(root) / name, "rb") as f:
@@ -66,10 +71,46 @@ def atomic_replace_dir(tmp_dir: Path, final_dir: Path) -> None:
     os.replace(tmp_dir, final_dir)
     fsync_dir(final_dir.parent)
     if old.exists():
-        _rmtree(old)
+        shutil.rmtree(old)
 
 
-def _rmtree(path: Path) -> None:
-    import shutil
+def ensure_dir(final: Path, build: Callable[[Path], None], wait: bool = True) -> Path | None:
+    """Return `final`, building it with `build(tmp_dir)` under an exclusive lock if it is absent.
 
-    shutil.rmtree(path)
+    The directory is published with `atomic_replace_dir`, so it exists only when complete.
+    Leftover temporary directories from killed processes are removed under the lock. `wait=False`:
+    None at once when another process holds the lock (is building it)."""
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(final.with_name(final.name + ".lock"), wait) as held:
+        if not held:
+            return None
+        if final.is_dir():  # another process finished while we waited
+            return final
+        for stale in final.parent.glob(f".{final.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=False)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+        try:
+            build(tmp)
+            atomic_replace_dir(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    return final
+
+
+@contextmanager
+def file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive `flock` on `path` for the block; yields whether it is held (always, with `wait`;
+    without, False when another process holds it). The kernel releases it if the process dies."""
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

@@ -371,7 +371,8 @@ def experiment(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Run an experiment grid (arms x seeds) and write summary.md with intervals and plots.
 
-    Several processes may run the same command on one --out directory (one thread each, OMP_NUM_THREADS=1): each run and warm-up is made by whichever process claims it first."""
+    Several processes may run the same command on one --out directory (one thread each,
+    OMP_NUM_THREADS=1): each run and warm-up is made by whichever process claims it first."""
     from swarm_node.experiment import run_experiment
 
     raise typer.Exit(run_experiment(file, out=out, quick=quick, mode=mode, overrides=set_ or [], verbose=verbose,

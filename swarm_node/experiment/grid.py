@@ -13,8 +13,9 @@ A run without `done.json` (interrupted) is removed and run again; finished runs 
 running the same command again after an interruption continues the grid where it stopped.
 Several processes may run the same command on one directory at once (one thread each on a
 multi-core machine): a process claims a run by an exclusive lock on `seed<k>.lock` beside its
-directory, held while it runs (the kernel drops it if the process dies), and passes over runs
-another process holds, so each run is made once and the processes finish together.
+directory, held while it runs (the kernel drops it if the process dies; a finished run's lock file
+is removed), and passes over runs another process holds, so each run is made once and the
+processes finish together.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text
+from swarm_node.atomic import atomic_write_text, file_lock
 from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
-from swarm_node.policy.models import _file_lock
 from swarm_node.tasks.base import PromptSet
 
 # While a grid runs, its summary (tables and plots of every finished run: about 2-3 s for a 100-run
@@ -110,6 +110,31 @@ def budget_record(configs: list[tuple[str, Any]], steps: int) -> dict[str, Any]:
     return out
 
 
+def _run_one(spec: ExperimentSpec, pair: Any, arm: Any, seed: int, run_dir: Path,
+             models: dict[tuple[str, int], str], evaluator: Any, mode: str, log: Callable[[str], None]) -> float:
+    """Make one run (pair x arm x seed) in a fresh `run_dir` (an interrupted one starts over); writes
+    budget.json first and done.json last, and returns the run's seconds."""
+    from swarm_node.experiment.lockstep import run_lockstep
+    from swarm_node.experiment.swarm_mode import run_swarm
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
+                                  run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
+               for name in pair.nodes]
+    atomic_write_text(run_dir / "budget.json", json.dumps(budget_record(configs, spec.experiment.steps)))
+    t0 = time.perf_counter()
+    kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every, run_dir=run_dir, log=log)
+    if mode == "lockstep":
+        run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
+    else:
+        run_swarm(configs, **kwargs)
+    seconds = time.perf_counter() - t0
+    atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
+    return seconds
+
+
 def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs: list[str] | None = None,
              arms: list[str] | None = None, log: Callable[[str], None] = print,
              stop_after: int | None = None, seeds: list[int] | None = None,
@@ -122,9 +147,7 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
     it confirms); several processes can share one output directory, with or without these filters;
     `stop_after`: run at most this many new runs, then return (tests use it to play an interruption)."""
     from swarm_node.experiment.evaluation import Evaluator
-    from swarm_node.experiment.lockstep import run_lockstep
     from swarm_node.experiment.summary import write_summary
-    from swarm_node.experiment.swarm_mode import run_swarm
     from swarm_node.tasks import load_prompt_set
 
     mode = mode or spec.experiment.mode
@@ -167,37 +190,24 @@ def run_grid(spec: ExperimentSpec, out: Path, *, mode: str | None = None, pairs:
             if stop_after is not None and done_now >= stop_after:
                 break
             run_dir.parent.mkdir(parents=True, exist_ok=True)
-            with _file_lock(run_dir.with_name(run_dir.name + ".lock"), wait=False) as claimed:
+            lock = run_dir.with_name(run_dir.name + ".lock")
+            with file_lock(lock, wait=False) as claimed:
                 if not claimed:
                     log(f"[{i + 1}/{len(runs)}] {rid}: running in another process, skipped")
                     continue
                 if (run_dir / "done.json").exists():  # another process finished it since the check above
                     continue
-                if run_dir.exists():
-                    shutil.rmtree(run_dir)  # an interrupted run starts over
-                run_dir.mkdir(parents=True)
-                configs = [(name, node_config(spec, spec.node(name), arm, seed, spec.nodes.index(spec.node(name)),
-                                              run_dir / name, models[(name, seed)], pair_size=len(pair.nodes)))
-                           for name in pair.nodes]
-                atomic_write_text(run_dir / "budget.json", json.dumps(budget_record(configs, spec.experiment.steps)))
                 log(f"[{i + 1}/{len(runs)}] {rid} ({mode})")
                 evaluator.model_keys = {name: f"{models[(name, seed)]}|lora={lora[name]}" for name in pair.nodes}
-                t0 = time.perf_counter()
-                kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every,
-                              run_dir=run_dir, log=log)
-                if mode == "lockstep":
-                    run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
-                else:
-                    run_swarm(configs, **kwargs)
-                seconds = time.perf_counter() - t0
-                done_now += 1
-                atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
-                left = unfinished()  # the pace counts runs other processes on this directory finished too
-                rate = (time.perf_counter() - t_grid) / max(1, left_at_start - left)
-                log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
-                if time.perf_counter() - t_summary >= summary_every:
-                    write_summary(out, spec)
-                    t_summary = time.perf_counter()
+                seconds = _run_one(spec, pair, arm, seed, run_dir, models, evaluator, mode, log)
+                lock.unlink()  # done.json is written: whoever locks a new file here sees it and passes over
+            done_now += 1
+            left = unfinished()  # the pace counts runs other processes on this directory finished too
+            rate = (time.perf_counter() - t_grid) / max(1, left_at_start - left)
+            log(f"[{i + 1}/{len(runs)}] {rid} finished in {seconds:.0f}s; {left} left, about {left * rate / 60:.0f} min")
+            if time.perf_counter() - t_summary >= summary_every:
+                write_summary(out, spec)
+                t_summary = time.perf_counter()
     finally:
         evaluator.close()
     shutil.rmtree(out / "probe", ignore_errors=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from swarm_node.policy import tiny
-from swarm_node.policy.models import _ensure_dir
+from swarm_node.atomic import ensure_dir
 from swarm_node.tasks.arithmetic import arithmetic_problem
 from swarm_node.tasks.base import Problem
 from swarm_node.tasks.prompts import render_prompt
@@ -205,4 +205,4 @@ def train_warmup(spec: WarmupSpec, out: Path, log=print) -> dict:
 def ensure_warm_model(spec: WarmupSpec, cache_dir: Path, log=print, wait: bool = True) -> Path | None:
     """The warm model's directory under `cache_dir`, trained once and reused (atomic, locked);
     `wait=False`: None at once while another process trains it."""
-    return _ensure_dir(Path(cache_dir) / spec.cache_name(), lambda out: train_warmup(spec, out, log), wait)
+    return ensure_dir(Path(cache_dir) / spec.cache_name(), lambda out: train_warmup(spec, out, log), wait)

@@ -14,15 +14,11 @@ directory atomically, so concurrent processes convert once and never see a parti
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from swarm_node.atomic import atomic_replace_dir
+from swarm_node.atomic import ensure_dir
 from swarm_node.config import LoraConfig, ModelConfig
 from swarm_node.policy import tiny
 
@@ -239,7 +235,7 @@ def ensure_tiny_dir(spec_name: str, root: Path) -> Path:
         model.save_pretrained(out)
         tok.save_pretrained(out)
 
-    return _ensure_dir(root / "tiny" / spec.dir_name, build)
+    return ensure_dir(root / "tiny" / spec.dir_name, build)
 
 
 def embedded_gguf_path() -> Path:
@@ -271,46 +267,4 @@ def ensure_embedded_dir(root: Path) -> Path:
         if not tokenizer.chat_template:
             raise ValueError(f"{gguf} carries no chat template")
 
-    return _ensure_dir(root / _EMBEDDED_DIR, convert)
-
-
-def _ensure_dir(final: Path, build: Callable[[Path], None], wait: bool = True) -> Path | None:
-    """Return `final`, building it with `build(tmp_dir)` under an exclusive lock if it is absent.
-
-    The directory is published with `atomic_replace_dir`, so it exists only when complete.
-    Leftover temporary directories from killed processes are removed under the lock. `wait=False`:
-    None at once when another process holds the lock (is building it)."""
-    if final.is_dir():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(final.with_name(final.name + ".lock"), wait) as held:
-        if not held:
-            return None
-        if final.is_dir():  # another process finished while we waited
-            return final
-        for stale in final.parent.glob(f".{final.name}.*.tmp"):
-            shutil.rmtree(stale, ignore_errors=False)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-        try:
-            build(tmp)
-            atomic_replace_dir(tmp, final)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-    return final
-
-
-@contextmanager
-def _file_lock(path: Path, wait: bool = True) -> Iterator[bool]:
-    """An exclusive `flock` on `path` for the block; yields whether it is held (always, with `wait`;
-    without, False when another process holds it). The kernel releases it if the process dies."""
-    with open(path, "a+") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return ensure_dir(root / _EMBEDDED_DIR, convert)

@@ -16,7 +16,7 @@ from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
 from swarm_node.experiment.spec import ExperimentSpec, node_config
 from swarm_node.experiment.swarm_mode import local_file
-from swarm_node.policy.models import _file_lock
+from swarm_node.atomic import file_lock
 from swarm_node.swarm.memory import MemorySwarm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -130,7 +130,7 @@ def test_a_run_another_process_holds_is_passed_over_and_made_later(spec, tmp_pat
     out = tmp_path / "out"
     (out / "runs/all/isolated").mkdir(parents=True)
     logs: list[str] = []
-    with _file_lock(out / "runs/all/isolated/seed0.lock") as held:  # "another process" is running seed 0
+    with file_lock(out / "runs/all/isolated/seed0.lock") as held:  # "another process" is running seed 0
         assert held
         run_grid(spec, out, log=logs.append, arms=["isolated"])
     assert "[1/2] all/isolated/seed0: running in another process, skipped" in logs
@@ -140,6 +140,7 @@ def test_a_run_another_process_holds_is_passed_over_and_made_later(spec, tmp_pat
     run_grid(spec, out, log=logs.append, arms=["isolated"])  # the holder died: the run is made now
     assert (out / "runs/all/isolated/seed0/done.json").exists()
     assert "[2/2] all/isolated/seed1: done already, skipped" in logs
+    assert not list(out.glob("runs/*/*/*.lock"))  # a finished run's claim file is removed
 
 
 def test_a_warm_model_another_process_trains_is_waited_for_after_the_others(spec, tmp_path):
@@ -148,7 +149,7 @@ def test_a_warm_model_another_process_trains_is_waited_for_after_the_others(spec
     name = spec.node("a").warmup_for(spec, 0).cache_name()
     assert name != spec.node("a").warmup_for(spec, 1).cache_name()  # one warm model per seed here
     logs: list[str] = []
-    lock = _file_lock(warm_dir / f"{name}.lock")
+    lock = file_lock(warm_dir / f"{name}.lock")
     assert lock.__enter__()  # "another process" trains seed 0's warm model; it stops 2 s later
     timer = threading.Timer(2.0, lambda: lock.__exit__(None, None, None))
     timer.start()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -106,37 +104,6 @@ def test_device_and_dtype_from_config(cache: Path) -> None:
     assert models.resolve_device("auto").type == expected
     p = load_policy(tiny_cfg(cache, dtype="bfloat16"))
     assert p.dtype == torch.bfloat16 and next(p.model.parameters()).dtype == torch.bfloat16
-
-
-def test_cached_directory_is_built_once_under_concurrency(tmp_path: Path) -> None:
-    calls: list[int] = []
-
-    def build(out: Path) -> None:
-        calls.append(1)
-        time.sleep(0.2)
-        (out / "payload").write_text("done")
-
-    final = tmp_path / "model"
-    (tmp_path / ".model.abc.tmp").mkdir()  # left by a killed conversion
-    results: list[Path] = []
-    threads = [threading.Thread(target=lambda: results.append(models._ensure_dir(final, build))) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1 and results == [final] * 3
-    assert (final / "payload").read_text() == "done"
-    assert not list(tmp_path.glob(".model.*.tmp"))
-
-
-def test_failed_build_leaves_no_directory(tmp_path: Path) -> None:
-    def build(out: Path) -> None:
-        (out / "half").write_text("x")
-        raise RuntimeError("conversion failed")
-
-    with pytest.raises(RuntimeError, match="conversion failed"):
-        models._ensure_dir(tmp_path / "model", build)
-    assert not (tmp_path / "model").exists() and not list(tmp_path.glob(".model.*.tmp"))
 
 
 def test_embedded_gguf_is_found_without_import() -> None:
