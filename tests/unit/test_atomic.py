@@ -17,6 +17,7 @@ from swarm_node.atomic import atomic_replace_dir, atomic_write_text, atomic_writ
 def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     atomic_write_text(path, "old")
+
     def writer(tmp: Path) -> None:
         tmp.write_text("half")
         raise OSError("disk full")

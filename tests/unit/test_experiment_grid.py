@@ -12,11 +12,11 @@ import threading
 
 import pytest
 
+from swarm_node.atomic import file_lock
 from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
 from swarm_node.experiment.spec import ExperimentSpec, node_config
 from swarm_node.experiment.swarm_mode import local_file
-from swarm_node.atomic import file_lock
 from swarm_node.swarm.memory import MemorySwarm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
