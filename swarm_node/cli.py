@@ -368,15 +368,21 @@ def experiment(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
                seed: Annotated[Optional[list[int]], typer.Option(help="Run only this seed (repeatable).")] = None,
                check: Annotated[bool, typer.Option("--check", help="Pre-check only: do peers' weak-skill samples "
                                                    "survive the filters (warm models, seconds)?")] = False,
+               workers: Annotated[int, typer.Option(help="Processes sharing the grid, one thread each (0: one per "
+                                                    "core); then this one writes the summary.")] = 1,
+               allocator: Annotated[str, typer.Option(help="Preloaded in the workers: auto (tcmalloc if "
+                                                      "installed), system, or a library's path.")] = "auto",
                set_: SetOpt = None, verbose: VerboseOpt = False) -> None:
     """Run an experiment grid (arms x seeds) and write summary.md with intervals and plots.
 
     Several processes may run the same command on one --out directory (one thread each,
-    OMP_NUM_THREADS=1): each run and warm-up is made by whichever process claims it first."""
+    OMP_NUM_THREADS=1): each run and warm-up is made by whichever process claims it first;
+    --workers N starts N such processes and writes the summary when all have finished."""
     from swarm_node.experiment import run_experiment
 
     raise typer.Exit(run_experiment(file, out=out, quick=quick, mode=mode, overrides=set_ or [], verbose=verbose,
-                                   pairs=pair, arms=arm, check=check, seeds=seed))
+                                   pairs=pair, arms=arm, check=check, seeds=seed, workers=workers,
+                                   allocator=allocator))
 
 
 @app.command(epilog="Example: swarm-node report runs/local-20260101-120000")

@@ -183,8 +183,10 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> threading.Thread:
 
 
 def watch_parent_from_env() -> threading.Thread | None:
-    """Start `watch_parent` when SWARM_NODE_PARENT_PID names this process's parent."""
-    raw = os.environ.get(PARENT_ENV, "")
+    """Start `watch_parent` when SWARM_NODE_PARENT_PID names this process's parent. The variable is
+    removed from this process's environment: its own children (a grid worker's `swarm-node local`)
+    are not watching that process."""
+    raw = os.environ.pop(PARENT_ENV, "")
     if not raw.isdigit():
         return None
     pid = int(raw)

@@ -164,25 +164,29 @@ def test_a_warm_model_another_process_trains_is_waited_for_after_the_others(spec
     assert models[("a", 0)] == str(warm_dir / name) and (warm_dir / name).is_dir()
 
 
-def test_two_processes_share_one_grid_each_run_made_once(spec, tmp_path):
-    """Two `swarm-node experiment` processes on one directory, no filters: every run and each warm
-    model are made once (without the claims, each process would make every run, or remove the
-    other's unfinished run and fail)."""
+def test_two_workers_share_one_grid_each_run_made_once(spec, tmp_path):
+    """`swarm-node experiment --workers 2`: two child processes on one directory, no filters: every
+    run and each warm model are made once (without the claims, each process would make every run, or
+    remove the other's unfinished run and fail), and the parent writes the whole grid's summary."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(tmp_path / "exp.toml"), "--out", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for _ in range(2)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], logs
-    made = [[ln.split()[1] for ln in log.splitlines() if " finished in " in ln and ln.startswith("[")]
-            for log in logs]
+    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(tmp_path / "exp.toml"), "--out", str(out),
+           "--workers", "2", "--allocator", "system"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"2 workers on {out}, OMP_NUM_THREADS=1 each, allocator of the system"
+    logs = {k: [ln.removeprefix(f"[worker {k}] ") for ln in lines if ln.startswith(f"[worker {k}] ")] for k in (1, 2)}
+    made = {k: [ln.split()[1] for ln in log if " finished in " in ln and ln.startswith("[")] for k, log in logs.items()}
     runs = ["all/f-tis/seed0", "all/f-tis/seed1", "all/isolated/seed0", "all/isolated/seed1"]
-    assert sorted(made[0] + made[1]) == runs  # each run once, by one of the two
+    assert sorted(made[1] + made[2]) == runs  # each run once, by one of the two
+    assert made[1] and made[2]  # both worked
     assert sorted(p.parent.relative_to(out / "runs").as_posix() for p in out.glob("runs/*/*/*/done.json")) == runs
     for seed in (0, 1):  # each seed's warm model trained once, by one process
         name = spec.node("a").warmup_for(spec, seed).cache_name()
-        assert sum(log.count(f"warm-up {name} step 60/60") for log in logs) == 1, logs
+        assert sum(ln.count(f"warm-up {name} step 60/60") for ln in lines) == 1, proc.stdout
+    parent = [ln for ln in lines if not ln.startswith("[worker ")]
+    assert sum("done already, skipped" in ln for ln in parent) == 4  # the parent made none, then summed up
+    assert parent[-1].startswith("experiment finished in ")
     assert "| f-tis | a |" in (out / "summary.md").read_text()
 
 

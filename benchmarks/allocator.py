@@ -1,0 +1,85 @@
+"""The grid workers' allocator (`swarm-node experiment --workers`, `--allocator`): one short run of
+examples/sandbox_power_long.toml (F-TIS, specialists, seed 0; `--steps` steps, evaluations every
+`--steps // 2`) made by two `--workers 2` grids side by side in the same run, one with the system's
+allocator and one with tcmalloc, `--repeats` times with the two swapped each time, so that both see
+the same machine load. Both runs of a repeat must give the same held-out accuracies (the allocator
+changes no arithmetic); `speedup` = median system seconds / median tcmalloc seconds.
+
+    python -m benchmarks.allocator                 # 40 steps, 3 repeats: about 5 minutes on 2 cores
+    python -m benchmarks.allocator --steps 20 --repeats 2
+
+Warm models come from `--cache` (default: a temporary directory, trained on the first repeat;
+not timed: each grid times its runs in done.json). Needs tcmalloc (Debian: libtcmalloc-minimal4).
+Last line: one JSON object (benchmarks.common.emit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import emit
+from swarm_node.experiment.workers import find_allocator
+
+FILE = Path(__file__).resolve().parents[1] / "examples" / "sandbox_power_long.toml"
+RUN = "runs/specialists/f-tis/seed0"
+
+
+def _grid(out: Path, cache: Path, allocator: str, steps: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(FILE), "--out", str(out),
+           "--pair", "specialists", "--arm", "f-tis", "--seed", "0", "--set", f'experiment.cache_dir="{cache}"',
+           "--set", f"experiment.steps={steps}", "--set", f"eval.every={max(1, steps // 2)}"]
+    env_cmd = ["env", "OMP_NUM_THREADS=1"] + ([f"LD_PRELOAD={allocator}"] if allocator != "system" else [])
+    return subprocess.Popen(env_cmd + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _result(out: Path) -> tuple[float, list[float]]:
+    seconds = json.loads((out / RUN / "done.json").read_text())["seconds"]
+    accuracies = [json.loads(line)["accuracy"] for line in (out / RUN / "evals.jsonl").read_text().splitlines()]
+    return seconds, accuracies
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cache", type=Path, default=None)
+    args = ap.parse_args()
+    tcmalloc = find_allocator("auto")
+    if tcmalloc is None:
+        sys.exit("benchmarks.allocator: tcmalloc not found (Debian: apt-get install libtcmalloc-minimal4)")
+    seconds: dict[str, list[float]] = {"system": [], "tcmalloc": []}
+    identical = True
+    with tempfile.TemporaryDirectory() as tmp:
+        cache = args.cache or Path(tmp) / "cache"
+        prep = _grid(Path(tmp) / "prep", cache, "system", 1)  # trains the warm models, untimed
+        if prep.wait() != 0:
+            sys.exit(f"benchmarks.allocator: the warm-up run failed: {prep.stderr.read()[-2000:]}")
+        for r in range(args.repeats):
+            order = ["system", "tcmalloc"] if r % 2 == 0 else ["tcmalloc", "system"]
+            outs = {name: Path(tmp) / f"{name}-{r}" for name in order}
+            procs = {name: _grid(outs[name], cache, "system" if name == "system" else str(tcmalloc), args.steps)
+                     for name in order}
+            for name, p in procs.items():
+                if p.wait() != 0:
+                    sys.exit(f"benchmarks.allocator: the {name} run failed: {p.stderr.read()[-2000:]}")
+            (s_sys, acc_sys), (s_tc, acc_tc) = _result(outs["system"]), _result(outs["tcmalloc"])
+            seconds["system"].append(s_sys)
+            seconds["tcmalloc"].append(s_tc)
+            identical &= acc_sys == acc_tc
+            print(f"repeat {r + 1}: system {s_sys:.1f} s, tcmalloc {s_tc:.1f} s, accuracies identical: "
+                  f"{acc_sys == acc_tc}", flush=True)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    emit({"benchmark": "allocator", "steps": args.steps, "repeats": args.repeats, "tcmalloc": str(tcmalloc),
+          "seconds_system": seconds["system"], "seconds_tcmalloc": seconds["tcmalloc"],
+          "median_system_s": round(med["system"], 2), "median_tcmalloc_s": round(med["tcmalloc"], 2),
+          "speedup": round(med["system"] / med["tcmalloc"], 3), "accuracies_identical": identical})
+
+
+if __name__ == "__main__":
+    main()
