@@ -10,7 +10,8 @@ a part of it goes to returning large blocks to the kernel and mapping them again
 identical results with either allocator; docs/results.md has the timings.
 
 Each child's lines are relayed with a `[worker k]` prefix. A child that fails stops the others
-(SIGINT: each finishes nothing more and keeps what is done) and the parent returns the child's exit
+(SIGTERM: a worker stops as on Ctrl-C, keeping its finished runs; SIGINT would not do, since a
+process started in the background of a script ignores it) and the parent returns the child's exit
 code; Ctrl-C stops them all the same way. Running the same command again continues the grid.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 # looked for in LIB_DIRS in this order.
 TCMALLOC_NAMES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
 LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
-STOP_GRACE_S = 30.0  # after SIGINT, how long a child may take to stop before it is killed
+STOP_GRACE_S = 30.0  # after SIGTERM, how long a child may take to stop before it is killed
 
 
 def find_allocator(choice: str, dirs: Sequence[str | Path] = LIB_DIRS) -> Path | None:
@@ -75,10 +76,10 @@ def _relay(k: int, stream, log: Callable[[str], None]) -> None:
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGINT to every child still running, then SIGKILL to any that has not stopped in STOP_GRACE_S."""
+    """SIGTERM to every child still running, then SIGKILL to any that has not stopped in STOP_GRACE_S."""
     for p in procs:
         if p.poll() is None:
-            p.send_signal(signal.SIGINT)
+            p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     for p in procs:
         try:
@@ -97,7 +98,7 @@ def run_workers(commands: Sequence[Sequence[str]], env: Mapping[str, str], log: 
     relays: list[threading.Thread] = []
     try:
         for k, cmd in enumerate(commands, 1):
-            # a session of its own: a Ctrl-C reaches the parent only, which passes one SIGINT on (_stop)
+            # a session of its own: a Ctrl-C reaches the parent only, which stops the children (_stop)
             p = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, bufsize=1, start_new_session=True)
             procs.append(p)

@@ -45,7 +45,9 @@ def test_worker_count():
 
 
 def test_a_failing_worker_stops_the_others_and_its_code_is_returned():
-    sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
+    # SIGINT ignored, as in a process a script starts in the background: the stop must not rely on it
+    sleeper = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+               "print('up', flush=True); time.sleep(120)"]
     failing = [sys.executable, "-c", "import sys, time; time.sleep(0.5); print('bad input'); sys.exit(3)"]
     lines: list[str] = []
     t0 = time.monotonic()
