@@ -1,7 +1,7 @@
 """The grid workers' allocator (`swarm-node experiment --workers`, `--allocator`): one short run of
 examples/sandbox_power_long.toml (F-TIS, specialists, seed 0; `--steps` steps, evaluations every
-`--steps // 2`) made by two `--workers 2` grids side by side in the same run, one with the system's
-allocator and one with tcmalloc, `--repeats` times with the two swapped each time, so that both see
+`--steps // 2`) made by two grid processes side by side, each with the environment `--workers` gives
+its workers (`workers.worker_env`), one with the system's allocator and one with tcmalloc, `--repeats` times with the two swapped each time, so that both see
 the same machine load. Both runs of a repeat must give the same held-out accuracies (the allocator
 changes no arithmetic); `speedup` = median system seconds / median tcmalloc seconds.
 
@@ -18,24 +18,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.common import emit
-from swarm_node.experiment.workers import find_allocator
+from swarm_node.experiment.workers import find_allocator, worker_env
 
 FILE = Path(__file__).resolve().parents[1] / "examples" / "sandbox_power_long.toml"
 RUN = "runs/specialists/f-tis/seed0"
 
 
-def _grid(out: Path, cache: Path, allocator: str, steps: int) -> subprocess.Popen:
+def _grid(out: Path, cache: Path, allocator: Path | None, steps: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(FILE), "--out", str(out),
            "--pair", "specialists", "--arm", "f-tis", "--seed", "0", "--set", f'experiment.cache_dir="{cache}"',
            "--set", f"experiment.steps={steps}", "--set", f"eval.every={max(1, steps // 2)}"]
-    env_cmd = ["env", "OMP_NUM_THREADS=1"] + ([f"LD_PRELOAD={allocator}"] if allocator != "system" else [])
-    return subprocess.Popen(env_cmd + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=worker_env(os.environ, allocator), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _result(out: Path) -> tuple[float, list[float]]:
@@ -57,13 +58,13 @@ def main() -> None:
     identical = True
     with tempfile.TemporaryDirectory() as tmp:
         cache = args.cache or Path(tmp) / "cache"
-        prep = _grid(Path(tmp) / "prep", cache, "system", 1)  # trains the warm models, untimed
+        prep = _grid(Path(tmp) / "prep", cache, None, 1)  # trains the warm models, untimed
         if prep.wait() != 0:
             sys.exit(f"benchmarks.allocator: the warm-up run failed: {prep.stderr.read()[-2000:]}")
         for r in range(args.repeats):
             order = ["system", "tcmalloc"] if r % 2 == 0 else ["tcmalloc", "system"]
             outs = {name: Path(tmp) / f"{name}-{r}" for name in order}
-            procs = {name: _grid(outs[name], cache, "system" if name == "system" else str(tcmalloc), args.steps)
+            procs = {name: _grid(outs[name], cache, None if name == "system" else tcmalloc, args.steps)
                      for name in order}
             for name, p in procs.items():
                 if p.wait() != 0:

@@ -25,8 +25,10 @@ import fcntl
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -180,6 +182,24 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> threading.Thread:
     thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
+    """SIGTERM to every child still running (each stops as on Ctrl-C), wait up to `timeout_s` in all,
+    then SIGKILL the rest. Returns the indices of the children that had to be killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    killed = []
+    for i, p in enumerate(procs):
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            killed.append(i)
+    return killed
 
 
 def watch_parent_from_env() -> threading.Thread | None:

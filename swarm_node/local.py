@@ -183,19 +183,7 @@ def _start_node(cfg: NodeConfig, name: str) -> NodeProc:
 def stop_nodes(procs: list[NodeProc], timeout_s: float = SHUTDOWN_GRACE_S) -> list[str]:
     """SIGTERM to every running node (it finishes its step, checkpoints and leaves), wait up to
     `timeout_s` in all, then SIGKILL the rest. Returns the names of the nodes that had to be killed."""
-    for p in procs:
-        if p.proc.poll() is None:
-            p.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    killed = []
-    for p in procs:
-        try:
-            p.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.proc.kill()
-            p.proc.wait()
-            killed.append(p.name)
-    return killed
+    return [procs[i].name for i in lifecycle.stop_processes([p.proc for p in procs], timeout_s)]
 
 
 def run_local(*, nodes: int | None, steps: int, config: Path | None, run_dir: Path | None, overrides: list[str],

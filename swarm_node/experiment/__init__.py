@@ -67,6 +67,7 @@ def _workers(file: Path, out: Path, *, quick: bool, mode: str | None, overrides:
     import os
 
     from swarm_node.experiment.workers import find_allocator, run_workers, worker_count, worker_env
+    from swarm_node.lifecycle import PARENT_ENV
 
     try:
         n, lib = worker_count(workers), find_allocator(allocator)
@@ -78,8 +79,6 @@ def _workers(file: Path, out: Path, *, quick: bool, mode: str | None, overrides:
     for flag, values in (("--pair", pairs), ("--arm", arms), ("--seed", seeds), ("--set", overrides)):
         for v in values or []:
             args += [flag, str(v)]
-    from swarm_node.lifecycle import PARENT_ENV
-
     env = {**worker_env(os.environ, lib), PARENT_ENV: str(os.getpid())}  # workers stop if this process dies
     print(f"{n} workers on {out}, OMP_NUM_THREADS={env['OMP_NUM_THREADS']} each, allocator "
           f"{lib or 'of the system'}", flush=True)

@@ -18,12 +18,13 @@ code; Ctrl-C stops them all the same way. Running the same command again continu
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+from swarm_node.lifecycle import stop_processes
 
 # Shared-library names of tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4; Fedora: gperftools-libs),
 # looked for in LIB_DIRS in this order.
@@ -75,20 +76,6 @@ def _relay(k: int, stream, log: Callable[[str], None]) -> None:
         log(f"[worker {k}] {line.rstrip()}")
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to every child still running, then SIGKILL to any that has not stopped in STOP_GRACE_S."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def run_workers(commands: Sequence[Sequence[str]], env: Mapping[str, str], log: Callable[[str], None],
                 poll_s: float = 0.2) -> tuple[int, int | None]:
     """Run `commands` side by side, relaying their output; returns (0, None) when every one exits 0,
@@ -98,7 +85,7 @@ def run_workers(commands: Sequence[Sequence[str]], env: Mapping[str, str], log: 
     relays: list[threading.Thread] = []
     try:
         for k, cmd in enumerate(commands, 1):
-            # a session of its own: a Ctrl-C reaches the parent only, which stops the children (_stop)
+            # a session of its own: a Ctrl-C reaches the parent only, which stops the children (stop_processes)
             p = subprocess.Popen(list(cmd), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  text=True, bufsize=1, start_new_session=True)
             procs.append(p)
@@ -108,12 +95,11 @@ def run_workers(commands: Sequence[Sequence[str]], env: Mapping[str, str], log: 
             codes = [p.poll() for p in procs]
             failed = next((k for k, c in enumerate(codes, 1) if c not in (None, 0)), None)
             if failed is not None:
-                _stop(procs)
-                return int(codes[failed - 1]), failed
+                return int(codes[failed - 1]), failed  # the others are stopped below
             if all(c == 0 for c in codes):
                 return 0, None
             time.sleep(poll_s)
     finally:
-        _stop(procs)
+        stop_processes(procs, STOP_GRACE_S)
         for t in relays:
             t.join(timeout=5.0)
