@@ -21,7 +21,7 @@ import typer
 
 from swarm_node import __version__, cli_operator
 from swarm_node.cli_common import (ConfigOpt, NodeDirOpt, PeerOpt, SetOpt, StepsOpt, VerboseOpt, load_config,
-                                   peer_overrides, setup_logging)
+                                   peer_overrides, quiet_progress_bars, setup_logging)
 from swarm_node.config import NodeConfig
 from swarm_node.errors import run_cli
 
@@ -210,6 +210,7 @@ def experiment(file: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
     Several processes may run the same command on one --out directory (one thread each,
     OMP_NUM_THREADS=1): each run and warm-up is made by whichever process claims it first;
     --workers N starts N such processes and writes the summary when all have finished."""
+    quiet_progress_bars()
     from swarm_node.experiment import run_experiment
 
     raise typer.Exit(run_experiment(file, out=out, quick=quick, mode=mode, overrides=set_ or [], verbose=verbose,

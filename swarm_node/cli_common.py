@@ -31,7 +31,13 @@ def setup_logging(verbose: bool = False) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     for noisy in ("hivemind", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if not sys.stderr.isatty():  # a log file: no `\r` progress bars (set before transformers is imported)
+    quiet_progress_bars()
+
+
+def quiet_progress_bars() -> None:
+    """When stderr is a log file or a pipe (a grid worker's, relayed by its parent): no `\r` progress
+    bars from transformers or the hub (call before transformers is imported; a user's setting wins)."""
+    if not sys.stderr.isatty():
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TQDM_DISABLE", "1")
 

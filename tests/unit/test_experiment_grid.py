@@ -188,6 +188,8 @@ def test_two_workers_share_one_grid_each_run_made_once(spec, tmp_path):
     assert sum("done already, skipped" in ln for ln in parent) == 4  # the parent made none, then summed up
     assert parent[-1].startswith("experiment finished in ")
     assert "| f-tis | a |" in (out / "summary.md").read_text()
+    # The workers' stderr is a pipe: no `\r` progress bars (transformers' weight loading) among the relayed lines.
+    assert "\r" not in proc.stdout + proc.stderr and "Loading weights" not in proc.stdout + proc.stderr
 
 
 def test_peer_lag_holds_writes_back(tmp_path):
