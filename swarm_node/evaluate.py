@@ -1,9 +1,9 @@
 """Greedy pass@1 evaluation of a causal LM on a prompt set.
 
 Works with any Hugging Face causal LM and tokenizer: prompts are rendered with the task's
-`render_prompt`, left-padded into batches, decoded greedily (`do_sample=False`) until an end-of-
-sequence token or `max_new_tokens`, and scored with the task's reward function. A problem counts
-as correct when the reward function says the answer is right (`score().correct` when it has one,
+`render_prompt`, grouped by length into left-padded batches, decoded greedily (`do_sample=False`)
+until an end-of-sequence token or `max_new_tokens`, and scored with the task's reward function. A
+problem counts as correct when the reward function says the answer is right (`score().correct` when it has one,
 else reward >= 1), so a format bonus never turns a wrong answer into a correct one.
 """
 
@@ -153,41 +153,50 @@ def evaluate(
     system_prompt: str | None = None,
     worked_example: bool = False,
     progress: bool = True,
+    by_length: bool = True,
 ) -> dict[str, Any]:
     """Greedy pass@1 on the first `limit` problems (all when None).
 
+    `by_length`: batches are made of prompts of similar length (the problems sorted by prompt length,
+    stably), so a batch pads to little more than its own prompts; the records keep the problems'
+    order. The completions are those of batches in the set's order up to floating-point summation
+    order (benchmarks/eval_batches.py compares both).
+
     Returns accuracy, n, correct, seconds, generated_tokens, tokens_per_s, truncated (hit
-    max_new_tokens) and `records`: per problem {index, correct, reward, tokens, stopped,
-    completion (first COMPLETION_CHARS characters)}."""
+    max_new_tokens) and `records`: per problem, in the set's order, {index, correct, reward, tokens,
+    stopped, completion (first COMPLETION_CHARS characters)}."""
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError(f"batch_size and max_new_tokens must be >= 1, got {batch_size}, {max_new_tokens}")
     problems = prompt_set.problems[: limit if limit is not None else len(prompt_set)]
     was_training = bool(getattr(model, "training", False))
     model.eval()
-    records: list[dict[str, Any]] = []
-    tokens = correct = 0
+    slots: list[dict[str, Any] | None] = [None] * len(problems)
+    tokens = correct = done = 0
     bar = _progress(progress, len(problems))
     start = time.perf_counter()
     try:
-        for b in range(0, len(problems), batch_size):
-            batch = problems[b: b + batch_size]
-            prompts = [render_prompt(tokenizer, p.question, system_prompt, worked_example) for p in batch]
-            completions = generate_greedy(model, tokenizer, prompts, max_new_tokens, device)
-            for problem, (completion, stopped) in zip(batch, completions, strict=True):
+        prompts = [render_prompt(tokenizer, p.question, system_prompt, worked_example) for p in problems]
+        order = sorted(range(len(problems)), key=lambda i: len(prompts[i])) if by_length else list(range(len(problems)))
+        for b in range(0, len(order), batch_size):
+            batch = order[b: b + batch_size]
+            completions = generate_greedy(model, tokenizer, [prompts[i] for i in batch], max_new_tokens, device)
+            for i, (completion, stopped) in zip(batch, completions, strict=True):
                 text = tokenizer.decode(completion, skip_special_tokens=True)
-                ok, reward = _is_correct(reward_fn, text, problem)
+                ok, reward = _is_correct(reward_fn, text, problems[i])
                 tokens += len(completion)
                 correct += int(ok)
-                records.append({"index": problem.index, "correct": ok, "reward": reward, "tokens": len(completion),
-                                "stopped": stopped, "completion": text[:COMPLETION_CHARS]})
+                slots[i] = {"index": problems[i].index, "correct": ok, "reward": reward, "tokens": len(completion),
+                            "stopped": stopped, "completion": text[:COMPLETION_CHARS]}
+            done += len(batch)
             if bar is not None:
-                bar.update(bar.task_ids[0], advance=len(batch), acc=correct / len(records))
+                bar.update(bar.task_ids[0], advance=len(batch), acc=correct / done)
     finally:
         if bar is not None:
             bar.stop()
         if was_training:
             model.train()
     seconds = time.perf_counter() - start
+    records = [r for r in slots if r is not None]
     n = len(records)
     return {
         "task": prompt_set.id,

@@ -110,6 +110,35 @@ def test_scripted_model_gives_exact_accuracy(progress: bool) -> None:
     assert evaluate(model, tok, ps, reward, limit=2, batch_size=4, max_new_tokens=64, progress=False)["n"] == 2
 
 
+def mixed_lengths() -> PromptSet:
+    """Short and long questions interleaved: 1, 1000, 2, 2000, ..."""
+    problems = []
+    for k in range(1, 4):
+        for i, n in enumerate((k, 1000 * k)):
+            problems.append(Problem(len(problems), f"What is {n} plus {n}?", str(2 * n)))
+    return PromptSet(id="mixed", answer_kind="number", problems=tuple(problems))
+
+
+def test_batches_hold_prompts_of_one_length_and_records_keep_the_sets_order() -> None:
+    tok = char_tokenizer()
+    ps = mixed_lengths()
+    replies = {p.question: f"\\boxed{{{p.answer if p.index != 3 else 0}}}" for p in ps.problems}
+    stop = {p.question: True for p in ps.problems}
+    runs = {}
+    for by_length in (True, False):
+        model = ScriptedModel(tok, replies, stop)
+        runs[by_length] = (evaluate(model, tok, ps, CorrectnessReward("number"), batch_size=3, max_new_tokens=64,
+                                    progress=False, by_length=by_length), model.seen)
+    (grouped, seen_grouped), (in_order, seen_in_order) = runs[True], runs[False]
+    assert [r["index"] for r in grouped["records"]] == list(range(6))  # the set's order, whatever the batches
+    assert [r["correct"] for r in grouped["records"]] == [True, True, True, False, True, True]
+    assert grouped["records"] == in_order["records"]
+    lengths = [sorted(set(mask.sum(1).tolist())) for _, mask in seen_grouped]
+    assert [len(x) for x in lengths] == [1, 1] and lengths[0] < lengths[1]  # short ones, then long ones
+    assert len(set(seen_in_order[0][1].sum(1).tolist())) == 2  # in the set's order a batch mixes both
+    assert sum(ids.numel() for ids, _ in seen_grouped) < sum(ids.numel() for ids, _ in seen_in_order)  # less padding
+
+
 @pytest.fixture
 def one_thread() -> Any:
     """Tiny models run fastest single-threaded on a shared machine."""
@@ -140,6 +169,10 @@ def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
         [r["correct"] for r in a["records"]]
     assert all(1 <= r["tokens"] <= 6 for r in a["records"])
     assert [r["completion"] for r in a["records"]] == [r["completion"] for r in b["records"]]  # padding-invariant
+    mixed = mixed_lengths()  # batches of one prompt length give the completions of batches in the set's order
+    c = evaluate(model, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False)
+    d = evaluate(model, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False, by_length=False)
+    assert [r["completion"] for r in c["records"]] == [r["completion"] for r in d["records"]]
 
 
 def test_shared_prefix_helpers() -> None:
