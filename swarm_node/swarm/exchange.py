@@ -230,7 +230,6 @@ class RolloutExchange:
         owners: dict[ShardRead, int] = {}
         for read in plan:
             records = found.get(read.key, {})
-            owners[read] = sum(self.index.belongs(o, read) for o in records)
             for owner, item in records.items():
                 if exclude_self and owner == self.transport.peer_id:
                     continue
@@ -240,6 +239,12 @@ class RolloutExchange:
                     continue
                 for c in self._index_candidates(owner, read, item.value, current, staleness, drops, evaluated):
                     candidates[(owner, tuple(c.entry.chunk_digests))] = c
+            # The swarm-size estimate (hence the index level) counts this node and the owners whose
+            # index of the window listed an admissible entry, now or in an earlier gather: identities
+            # that only write records (a Sybil flood of the key) do not make the swarm look larger.
+            owners[read] = sum(self.index.belongs(o, read) and (o == self.transport.peer_id
+                                                                 or (o, read.window) in self._book.vouched)
+                               for o in records)
         self.index.observe(owners)
         return list(candidates.values())
 
@@ -284,6 +289,7 @@ class RolloutExchange:
             if reason is not None:
                 self._book.reject_entry(drops, reason, owner, digests, window)
                 continue
+            self._book.vouch(owner, window)
             out.append(_Candidate(owner, window, entry))
         return out
 

@@ -33,6 +33,8 @@ class GatherBook:
         self.seen_groups: dict[tuple[str, int, int], int] = {}  # (sender, prompt, policy) -> window
         self.bad_indexes: dict[tuple[str, str], int] = {}  # (owner, digest of record) -> window
         self.missing_once: dict[tuple[str, ...], int] = {}  # entries whose chunks were missing once
+        # (owner, window) whose index listed an admissible entry: the owners the swarm-size estimate counts
+        self.vouched: dict[tuple[str, int], int] = {}
 
     def drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True, tokenizer: str = "") -> None:
         drops.add(reason)
@@ -73,9 +75,13 @@ class GatherBook:
         if self.admission is not None:
             self.admission.record(owner, None)
 
+    def vouch(self, owner: str, window: int) -> None:
+        """`owner`'s index of `window` listed an entry that passed the checks before fetching."""
+        self.vouched[(owner, window)] = window
+
     def forget_before(self, oldest_window: int) -> None:
         """Bound the duplicate memory: entries of windows no longer read can be forgotten."""
-        for table in (self.seen_digests, self.seen_groups, self.bad_indexes, self.missing_once):
+        for table in (self.seen_digests, self.seen_groups, self.bad_indexes, self.missing_once, self.vouched):
             for k in [k for k, w in table.items() if w < oldest_window]:
                 del table[k]
         if self.admission is not None:

@@ -20,7 +20,8 @@ every reader (load quadratic in the swarm). Here a window's index is split into 
   found nobody for `rediscover_every` gathers) also reads one shard of every level of the newest
   window (discovery), so a node joining a large swarm finds its level in one gather.
 * **The estimate.** A shard of level l read with n owners in it stands for n * 2**l peers of that
-  level; averaged over the shards of a level read in the windows before the newest (which is
+  level (the caller counts an owner only when its record lists an entry that passes the checks
+  made before fetching, so identities that merely write records cannot move the swarm up a level); averaged over the shards of a level read in the windows before the newest (which is
   still filling up) and summed over the levels, that is this gather's estimate, smoothed across
   gathers.
 

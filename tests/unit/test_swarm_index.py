@@ -182,3 +182,31 @@ def test_owned_key_schedule_lists_every_shard_of_the_windows_read() -> None:
         assert keys.rollout_index_key(SWARM, w) in listed
         assert keys.rollout_index_key(SWARM, w, keys.MAX_SHARD_LEVEL, 2**keys.MAX_SHARD_LEVEL - 1) in listed
     assert keys.rollout_index_key(SWARM, W0 + 10, 1, 0) not in listed
+
+
+def test_identities_that_only_write_records_do_not_move_the_swarm_up_a_level() -> None:
+    """A Sybil flood of the index key: 64 identities whose well-formed records list only entries the
+    reader refuses before fetching (oversized, one byte over the cap). Counted as peers they would make two honest nodes
+    shard their index and read each other's shard only some of the time; they are not counted, and
+    the honest peer still counts in later gathers, when its entries were seen before."""
+    clock = Clock(T0)
+    swarm = MemorySwarm(clock=clock)
+    honest = [_exchange(swarm, "a", index_peers_per_shard=8), _exchange(swarm, "b", index_peers_per_shard=8)]
+    for r in range(4):
+        window = int(clock.t // WINDOW_S)
+        for k in range(64):
+            sybil = f"sybil{k}"
+            entries = tuple(IndexEntry(chunk_digests=(codec.content_digest(f"{sybil}:{window}:{j}".encode()),),
+                                       size=(8 << 20) + 1, prompt_index=j, policy_version=j, created_at=clock.t)
+                            for j in range(4))
+            swarm.write_raw_owned(keys.rollout_index_key(SWARM, window), sybil,
+                                  codec.encode(RolloutIndex(sender=sybil, window=window, entries=entries)), clock.t + 300)
+        for i, ex in enumerate(honest):
+            ex.publish_groups([_group(ex.transport.peer_id, 10 * r + i, clock.t)], window)
+        for i, ex in enumerate(honest):
+            got, drops = ex.fetch_groups(window, 2, max_groups=4, max_per_peer=2, timeout=5.0,
+                                         rng=random.Random(10 * r + i))
+            assert [g.sender for g in got] == ["b" if i == 0 else "a"]  # the other honest node's group, every round
+            assert drops.as_dict() == {"oversized": 256}  # each sybil record of the window, once
+            assert ex.index.level == 0 and ex.index.estimated_peers <= 2.0, (r, ex.index.estimated_peers)
+        clock.t += WINDOW_S
