@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -19,6 +20,7 @@ from swarm_node.cli_common import (ConfigOpt, NodeDirOpt, PeerOpt, SetOpt, Verbo
                                    setup_logging)
 from swarm_node.config import NodeConfig
 from swarm_node.errors import describe
+
 
 def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")] = "gsm8k",
          source: Annotated[Optional[str], typer.Option(help="Hub dataset id or local .jsonl path.")] = None,
