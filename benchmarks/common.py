@@ -3,35 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 import resource
 import sys
 import time
 from typing import Any
 
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        "cpus": os.cpu_count(),
-    }
-    try:
-        with open("/proc/meminfo") as f:
-            info["mem_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-        info["torch_threads"] = torch.get_num_threads()
-    except ImportError:
-        pass
-    return info
+from swarm_node.machine import machine_info
 
 
 def peak_rss_mib() -> float:

@@ -6,7 +6,8 @@
                                        the out-of-distribution set (`eval.ood_task`)
     OUT/runs/<pair>/<arm>/seed<k>/     <node>/metrics.jsonl (the node's own log), evals.jsonl,
                                        budget.json (own budget and peer caps per node),
-                                       done.json (written last: a run with it is finished)
+                                       done.json (written last: a run with it is finished;
+                                       its seconds, mode and machine fingerprint)
     OUT/summary.md, summary.json, plots/<pair>.png
 
 A run without `done.json` (interrupted) is removed and run again; finished runs are skipped, so
@@ -29,6 +30,7 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_text, file_lock
 from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
+from swarm_node.machine import fingerprint
 from swarm_node.tasks.base import PromptSet
 
 # While a grid runs, its summary (tables and plots of every finished run: about 2-3 s for a 100-run
@@ -131,7 +133,7 @@ def _run_one(spec: ExperimentSpec, pair: Any, arm: Any, seed: int, run_dir: Path
     else:
         run_swarm(configs, **kwargs)
     seconds = time.perf_counter() - t0
-    atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode}))
+    atomic_write_text(run_dir / "done.json", json.dumps({"seconds": seconds, "mode": mode, "machine": fingerprint()}))
     return seconds
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from swarm_node.atomic import atomic_write_text
 from swarm_node.experiment.plots import plot_pair
 from swarm_node.experiment.primary import fixed_metrics
+from swarm_node.machine import describe
 
 # Student t quantile t_{0.975, df} for df = 1..30 (beyond: the normal 1.96 is within 2%).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -175,6 +176,38 @@ def collect(out: Path, spec: Any) -> dict[str, Any]:
     return data
 
 
+def run_machines(out: Path, spec: Any) -> list[dict[str, Any]]:
+    """The machines that made the finished runs, most runs first: [{"machine": fingerprint, "runs": n}];
+    a run whose done.json has no fingerprint (made before runs recorded one) counts under {}."""
+    counts: dict[str, int] = {}
+    for pair, arm, seed in spec.runs():
+        done = out / "runs" / pair.name / arm.name / f"seed{seed}" / "done.json"
+        if not done.exists():
+            continue
+        try:
+            fp = json.loads(done.read_text()).get("machine") or {}
+        except (OSError, ValueError, AttributeError):
+            fp = {}
+        key = json.dumps(fp, sort_keys=True)
+        counts[key] = counts.get(key, 0) + 1
+    return [{"machine": json.loads(k), "runs": n} for k, n in sorted(counts.items(), key=lambda kv: -kv[1])]
+
+
+def machine_lines(machines: list[dict[str, Any]]) -> list[str]:
+    """The summary's line on which machines made the runs (see swarm_node.machine)."""
+    if not machines:
+        return []
+    if len(machines) == 1:
+        return [f"Every run ({_runs(machines[0])}) made on one machine: {describe(machines[0]['machine'])}.", ""]
+    made = "; ".join(f"{describe(m['machine'])}: {_runs(m)}" for m in machines)
+    return [f"Runs made on {len(machines)} machines ({made}). The same seed may sample another trajectory on "
+            "another machine: such runs are two samples of the experiment, not copies.", ""]
+
+
+def _runs(machine: dict[str, Any]) -> str:
+    return f"{machine['runs']} run{'' if machine['runs'] == 1 else 's'}"
+
+
 def isolated_runs(data: dict, pair: Any, node: str, spec: Any) -> dict:
     """The node's isolated runs: of this pair, else of the first pair that ran them (a node's isolated
     run is the same in every pair: same warm model, training seed and prompts)."""
@@ -262,6 +295,7 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
              "pi_theta_old/pi_gen over peers' tokens. KL to peers per run (mean over seeds): median of the "
              "steps' medians (p50), median of the steps' 90th percentiles (p90), largest value (max), by the "
              "k3_gen estimator (of KL(pi_gen || pi_theta), unbiased on peers' samples) and the k3_theta form.", ""]
+    lines += machine_lines(run_machines(out, spec))
     lines += fixed_metrics(table, spec)[1]
     for pair in spec.pairs:
         if not any(key.startswith(f"{pair.name}|") for key in table):
@@ -333,8 +367,8 @@ def write_summary(out: Path, spec: Any) -> dict[str, Any]:
     data = collect(out, spec)
     table = summarise(data, spec)
     fixed, _ = fixed_metrics(table, spec)
-    atomic_write_text(out / "summary.json", json.dumps({"metrics": fixed, "table": table, "runs": data}, indent=1,
-                                                      default=str))
+    record = {"metrics": fixed, "table": table, "runs": data, "machines": run_machines(out, spec)}
+    atomic_write_text(out / "summary.json", json.dumps(record, indent=1, default=str))
     atomic_write_text(out / "summary.md", markdown(table, spec, out))
     for pair in spec.pairs:
         if data.get(pair.name):

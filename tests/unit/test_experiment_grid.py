@@ -17,6 +17,7 @@ from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
 from swarm_node.experiment.spec import ExperimentSpec, node_config
 from swarm_node.experiment.swarm_mode import local_file
+from swarm_node.machine import fingerprint
 from swarm_node.swarm.memory import MemorySwarm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -85,6 +86,7 @@ def test_grid_runs_resumes_and_is_deterministic(spec, tmp_path):
     assert sum("done already, skipped" in m for m in logs) == 3
     assert {d: (out / "runs" / d / "done.json").stat().st_mtime_ns for d in done} == first
     assert (partial / "done.json").exists()
+    assert json.loads((partial / "done.json").read_text())["machine"] == fingerprint()  # the summary lists it
 
     # The summary: every arm x node, two seeds, and a real plot.
     assert set(table) == {"all|isolated|a", "all|isolated|b", "all|f-tis|a", "all|f-tis|b"}

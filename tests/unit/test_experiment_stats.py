@@ -128,7 +128,8 @@ def test_example_experiment_files_validate(name, tmp_path):
         assert len(spec.experiment.seeds) >= 3 and len(spec.pairs) == 3
 
 
-def _write_run(out, arm: str, seed: int, evals: list[dict], metrics: dict[str, list[dict]]) -> None:
+def _write_run(out, arm: str, seed: int, evals: list[dict], metrics: dict[str, list[dict]],
+               done: dict | None = None) -> None:
     import json
 
     run = out / "runs" / "all" / arm / f"seed{seed}"
@@ -137,7 +138,7 @@ def _write_run(out, arm: str, seed: int, evals: list[dict], metrics: dict[str, l
     for node, rows in metrics.items():
         (run / node).mkdir()
         (run / node / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (run / "done.json").write_text("{}")
+    (run / "done.json").write_text(json.dumps(done or {}))
 
 
 def test_summary_statistics_on_a_known_run(tmp_path):
@@ -177,6 +178,34 @@ def test_summary_statistics_on_a_known_run(tmp_path):
     assert "| f-tis | a | 0.500 | 0.375 | 0.125 | 0.062 | 5 | 0.56 | 0.80 | 1 |" in md
     assert "| f-tis | a | 0.2 | 1.5 | 3 | 0.3 | 6 | 1e+06 |" in md
     assert "| isolated | a | 0.375 | 0.312 |  |  |  |  |  | 1 |" in md
+
+
+def test_summary_says_which_machines_made_the_runs(tmp_path):
+    """Runs of two machines (a grid resumed elsewhere) are listed with their counts; a run made before
+    runs recorded their machine counts as not recorded."""
+    import json
+
+    from swarm_node.experiment.summary import run_machines, write_summary
+
+    spec = _spec(tmp_path)
+    out = tmp_path / "out"
+    avx2 = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "torch": "2.13.0+cpu", "transformers": "5.19.0"}
+    avx512 = {**avx2, "cpu": "Intel Xeon", "cpu_capability": "AVX512"}
+    evals = [{"node": "a", "step": 0, "accuracy": 0.25}, {"node": "a", "step": 3, "accuracy": 0.5}]
+    for arm, seed, machine in (("isolated", 0, avx2), ("isolated", 1, avx2), ("f-tis", 0, avx512)):
+        _write_run(out, arm, seed, evals, {"a": [{"step": 1}]}, {"seconds": 1.0, "mode": "lockstep", "machine": machine})
+    assert run_machines(out, spec) == [{"machine": avx2, "runs": 2}, {"machine": avx512, "runs": 1}]
+    write_summary(out, spec)
+    md = (out / "summary.md").read_text()
+    assert ("Runs made on 2 machines (AMD EPYC (AVX2), torch 2.13.0+cpu, transformers 5.19.0: 2 runs; "
+            "Intel Xeon (AVX512), torch 2.13.0+cpu, transformers 5.19.0: 1 run).") in md
+    assert json.loads((out / "summary.json").read_text())["machines"][1] == {"machine": avx512, "runs": 1}
+    _write_run(out, "f-tis", 1, evals, {"a": [{"step": 1}]})  # done.json "{}": before machines were recorded
+    assert {"machine": {}, "runs": 1} in run_machines(out, spec)
+    one = tmp_path / "one"
+    _write_run(one, "isolated", 0, evals, {"a": [{"step": 1}]}, {"machine": avx2})
+    write_summary(one, spec)
+    assert "Every run (1 run) made on one machine: AMD EPYC (AVX2), torch 2.13.0+cpu" in (one / "summary.md").read_text()
 
 
 def test_swarm_arms_are_compared_with_the_more_samples_reference(tmp_path):
