@@ -215,7 +215,7 @@ def load_weights(path: Path, policy: Any) -> None:
 
 def checkpoint_model_config(path: Path, base: ModelConfig) -> ModelConfig:
     """The model a checkpoint was trained from (name, revision, LoRA settings from its config.toml),
-    on `base`'s device, dtype and cache. Raises `errors.InputError` for a directory that is not a
+    on `base`'s device, dtypes and cache. Raises `errors.InputError` for a directory that is not a
     readable checkpoint."""
     path = Path(path)
     if not (path / "weights.safetensors").is_file() or not (path / "config.toml").is_file():
@@ -224,7 +224,9 @@ def checkpoint_model_config(path: Path, base: ModelConfig) -> ModelConfig:
     try:
         with open(path / "config.toml", "rb") as f:
             recorded = tomllib.load(f).get("model", {})
-        model = ModelConfig.model_validate({**recorded, "device": base.device, "dtype": base.dtype,
+        recorded.pop("dtype", None)  # a checkpoint written before compute and parameter dtypes were separate
+        model = ModelConfig.model_validate({**recorded, "device": base.device, "compute_dtype": base.compute_dtype,
+                                            "param_dtype": base.param_dtype,
                                             "cache_dir": base.cache_dir})
     except (OSError, ValueError) as e:  # TOML and pydantic errors are ValueErrors
         raise InputError(f"checkpoint {path} has an unreadable config.toml ({_short(e)})",

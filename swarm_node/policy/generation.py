@@ -25,6 +25,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from swarm_node.config import GenerationConfig
 from swarm_node.policy.models import Policy
+from swarm_node.policy.precision import autocast
 from swarm_node.policy.scoring import distinct_rows
 from swarm_node.policy.types import GeneratedCompletion, Generator
 
@@ -139,13 +140,15 @@ class HFGenerator:
         recorder = _SampledLogprobRecorder(self.cfg.temperature)
         was_training = self.model.training
         self.model.eval()
+        # the trainer's compute dtype: the logprobs recorded are the ones the trainer scores
         try:
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-            cache = self._prompt_cache(input_ids, attention_mask) if self.share_prompts else None
-            sequences = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=self._hf_cfg,
-                logits_processor=LogitsProcessorList([recorder]), **({"past_key_values": cache} if cache is not None else {}),
-            )  # [B, P + steps]
+            with autocast(device, self.policy.compute_dtype):
+                input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+                cache = self._prompt_cache(input_ids, attention_mask) if self.share_prompts else None
+                sequences = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=self._hf_cfg,
+                    logits_processor=LogitsProcessorList([recorder]), **({"past_key_values": cache} if cache is not None else {}),
+                )  # [B, P + steps]
         finally:
             self.model.train(was_training)
         new_tokens = sequences[:, width:]  # [B, steps]

