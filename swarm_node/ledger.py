@@ -35,7 +35,6 @@ from swarm_node.ledger_stats import (  # noqa: F401  (OTHER, RESERVOIR, Stat, qu
     OTHER,
     RESERVOIR,
     PeerRecord,
-    SampleStat,
     Stat,
     _fingerprint,
     _list,
@@ -45,6 +44,7 @@ from swarm_node.ledger_stats import (  # noqa: F401  (OTHER, RESERVOIR, Stat, qu
     sort_rows,
     top_peers,
 )
+from swarm_node.policy.types import SampleStat
 from swarm_node.swarm.admission import Reputation
 
 log = logging.getLogger(__name__)

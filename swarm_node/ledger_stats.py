@@ -22,29 +22,15 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
+from swarm_node.policy.types import SampleStat
 from swarm_node.swarm.admission import Reputation
 from swarm_node.swarm.tokenizers import tokenizer_label
 
 RESERVOIR = 64  # values kept per statistic and peer (its median and p90 are read from them)
 MAX_FINGERPRINT_CHARS = 128  # a longer tokenizer fingerprint is cut (the wire bounds it already)
 OTHER = "other"  # the label of every peer outside the top K (prometheus.py)
-
-
-class SampleStat(NamedTuple):
-    """What the trainer measured of one peer sample (`Trainer.peer_sample_stats`).
-
-    kl and is_weight are None for a sample that was not scored (no tokens); crosstok: the sample
-    came from another tokenizer (re-tokenized, trained per chunk)."""
-
-    peer: str
-    reward: float
-    kl: float | None
-    is_weight: float | None
-    filtered: bool
-    gradient: bool
-    crosstok: bool = False
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -60,7 +60,6 @@ import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig, TrainConfig
-from swarm_node.ledger import SampleStat
 from swarm_node.objective import ObjectiveInputs, ObjectiveStats, objective_loss
 from swarm_node.policy.models import Policy
 from swarm_node.policy.scoring import padded_batch, token_logprobs
@@ -71,7 +70,7 @@ from swarm_node.policy.trainer_batch import (
     prepare_batch,
     sample_metrics,
 )
-from swarm_node.policy.types import TrainSample
+from swarm_node.policy.types import SampleStat, TrainSample
 
 
 log = logging.getLogger(__name__)

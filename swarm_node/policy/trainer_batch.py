@@ -27,10 +27,9 @@ import torch
 from torch import Tensor
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.ledger import SampleStat
 from swarm_node.objective import ObjectiveStats, carries_gradient, group_advantages, sample_weights, unscored_stats
 from swarm_node.policy.scoring import pad_right
-from swarm_node.policy.types import TrainSample
+from swarm_node.policy.types import SampleStat, TrainSample
 
 
 @dataclass

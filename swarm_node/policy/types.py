@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -54,11 +54,47 @@ class TrainSample:
     chunk_ids: np.ndarray | None = None
 
 
+class SampleStat(NamedTuple):
+    """What the trainer measured of one peer sample (`Trainer.peer_sample_stats`; the node's peer
+    ledger attributes them per sender).
+
+    kl and is_weight are None for a sample that was not scored (no tokens); crosstok: the sample
+    came from another tokenizer (re-tokenized, trained per chunk)."""
+
+    peer: str
+    reward: float
+    kl: float | None
+    is_weight: float | None
+    filtered: bool
+    gradient: bool
+    crosstok: bool = False
+
+
+@dataclass(frozen=True)
+class GreedyCompletion:
+    """One greedy (argmax) completion, as held-out evaluation decodes it.
+
+    token_ids: int64 [T], stop token included when finish_reason == "stop" (`Policy.stop_token_ids`,
+               the same stop set as sampling).
+    """
+
+    token_ids: np.ndarray
+    finish_reason: FinishReason
+
+
 class Generator(Protocol):
     """A generation backend. Sampling settings are fixed at construction (GenerationConfig)."""
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
         """Sample `n` completions for each prompt; returns one list of n completions per prompt."""
+        ...
+
+    def greedy(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+               batch_size: int) -> list[GreedyCompletion]:
+        """Greedy completions of at most `max_new_tokens` tokens, one per prompt, in the prompts'
+        order, with the current weights (held-out evaluation). `batch_size`: prompts decoded together
+        where the backend batches itself (hf: consecutive prompts, so a caller that sorts them by
+        length pads little); vLLM's scheduler batches on its own and ignores it."""
         ...
 
     def sync_weights(self, model: object) -> None:

@@ -10,7 +10,8 @@ import random
 import numpy as np
 import pytest
 
-from swarm_node.ledger import FILE_NAME, RESERVOIR, PeerLedger, SampleStat, Stat, load_rows, quantile, top_peers
+from swarm_node.ledger import FILE_NAME, RESERVOIR, PeerLedger, Stat, load_rows, quantile, top_peers
+from swarm_node.policy.types import SampleStat
 from swarm_node.swarm.admission import EXCLUDED, Admission
 
 
