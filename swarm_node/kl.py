@@ -1,4 +1,4 @@
-"""Per-sample KL estimates for the F-TIS filter (DESIGN.md section 1), on the sampled tokens.
+"""Per-sample KL estimates for the F-TIS filter (docs/method.md, "KL estimators"), on the sampled tokens.
 
 The tokens of a sample come from its generator pi_gen (a peer's model, or this node's own sampler),
 so an estimator is unbiased only for the KL whose expectation is over pi_gen. With the per-token

@@ -1,6 +1,6 @@
 """Logprob spot-checks: recompute a few of a peer group's generator logprobs with the model it declares.
 
-The threat (DESIGN.md section 8): a peer may forge the generator logprobs it sends, e.g. every
+The threat (docs/method.md, hostile peers): a peer may forge the generator logprobs it sends, e.g. every
 token at the floor so that every importance weight min(pi_theta / pi_gen, C) sits at C, or 0
 ("certainty"). Structure checks cannot see that; a model can.
 
@@ -28,7 +28,7 @@ completions x <= 32 tokens at temperature 1 on arithmetic prompts, sampled by th
 (`--backend hf`: HFGenerator; `--backend vllm`: VLLMGenerator, vLLM 0.32 on CPU) with the model in
 float32 and in bfloat16, each group rechecked by HF in float32 and in bfloat16, 8 positions of 2
 completions; per-group median exp(|delta|) - 1; "checks" = group x scoring dtype; results in
-docs/results.md "Hostile peers, round 2"):
+docs/results/hostile_peers.md):
 
     sampler  model                                   checks  fp32 -> fp32   worst with bfloat16   p99
     HF       tiny-random:128x2 (random)                 640  5e-7           0.0077                0.0071

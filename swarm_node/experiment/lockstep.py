@@ -7,7 +7,7 @@ deterministic for its seed. With `peer_lag = k`, what a node stores in round r b
 peers from round r + k on (k = 0: at once, so a node sees the groups of the nodes before it in this
 round and of the nodes after it from the previous round, as in an asynchronous swarm).
 
-Horizontal collaboration (every node answers parts of the same prompts' groups, DESIGN.md section 1)
+Horizontal collaboration (every node answers parts of the same prompts' groups, docs/method.md)
 runs each round in two phases instead: every node generates and publishes its parts
 (`Node.generate_step`), then every node gathers and trains (`Node.train_step`), so each node's
 groups of the round are the union of all nodes' parts, on the same prompts. It needs `peer_lag = 0`.

@@ -1,4 +1,4 @@
-"""Bounded influence at admission: which peers' groups a node takes, and how many (DESIGN.md section 8).
+"""Bounded influence at admission: which peers' groups a node takes, and how many (docs/method.md).
 
 Used by `RolloutExchange` while it gathers; every rule holds whatever peers publish:
 

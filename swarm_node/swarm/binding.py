@@ -1,5 +1,5 @@
 """Prompt binding: the prompts a peer's group may answer, tied to DHT time, not to anything the
-peer chooses (DESIGN.md sections 2 and 8; issue 21).
+peer chooses (docs/method.md: where a node's samples come from, what a hostile peer can do).
 
 The rule, part of the protocol (the swarm agrees on `swarm.window_seconds`, n =
 `swarm.peer_prompts_per_step` (default `train.prompts_per_step`) and S = `swarm.slots_per_window`):
@@ -47,7 +47,7 @@ from types import MappingProxyType
 
 from protocol import keys
 from protocol.messages import ProtocolError, RolloutGroup
-from swarm_node.tasks.prompts import select_prompts
+from protocol.binding import select_prompts
 
 WRONG_PROMPT = "wrong_prompt"
 SLOT_OVERUSED = "window_slot_overused"

@@ -1,6 +1,6 @@
 """Peers' rewards under a time budget that does not depend on what peers publish.
 
-A node recomputes the reward of every peer completion it trains on (DESIGN.md section 2). The
+A node recomputes the reward of every peer completion it trains on (docs/method.md). The
 answers are untrusted text: pre-screening (`swarm_node.tasks.answers.prescreen`) refuses what is
 known to be slow, and `PeerVerifier` bounds the rest:
 

@@ -3,7 +3,7 @@
 It runs its own hivemind DHT (a plain `hivemind.DHT`), makes its own RSA identities, encodes
 messages with the public wire format (`protocol`) and stores records by sending hivemind store RPCs
 to the other peers itself, signed per identity; it never imports the node's code (the one rule it
-borrows is the public prompt-assignment function, `select_prompts`, which DESIGN.md section 2 makes
+borrows is the public prompt-assignment function, `select_prompts`, which docs/method.md makes
 part of the protocol; the prompt binding of docs/architecture.md says which of its prompts a window
 assigns). Run as `python -m tests.integration.redteam_attacker --initial-peer ...`;
 it reads one JSON command per line on stdin and answers one JSON line on stdout.
@@ -52,7 +52,7 @@ from protocol.messages import (
     SamplingParams,
 )
 from protocol.validate import MIN_LOGPROB
-from swarm_node.tasks.prompts import select_prompts
+from protocol.binding import select_prompts
 from tests.integration import redteam_forge as forge
 
 ser = DHTProtocol.serializer

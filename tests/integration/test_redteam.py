@@ -1,6 +1,6 @@
 """Red team: a hostile peer process (redteam_attacker.py, written against the wire and the DHT) attacks
-a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F-TIS (DESIGN.md
-section 8, the attacks of issue 11, and issue 21's version grinding against the prompt binding).
+a live local swarm of two honest tiny-model nodes, one on plain VIS and one on F-TIS (docs/method.md,
+hostile peers; the attacks of issue 11, and issue 21's version grinding against the prompt binding).
 
 The honest nodes start from a warm tiny model (conftest.warm_model): their answers sometimes earn
 reward, so they learn (the first test checks it) and an attack has something to harm. For each

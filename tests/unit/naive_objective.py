@@ -1,4 +1,4 @@
-"""A deliberately naive reference for the F-TIS loss family, written from DESIGN.md section 1.
+"""A deliberately naive reference for the F-TIS loss family, written from docs/method.md.
 
 Python loops over samples and tokens, python floats (float64), the gradient derived by hand from
 the equation. It shares nothing with swarm_node/objective.py, so agreement between the two is

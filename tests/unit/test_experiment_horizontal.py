@@ -1,4 +1,4 @@
-"""Horizontal collaboration in lockstep (DESIGN.md section 1): the nodes of an arm generate parts of
+"""Horizontal collaboration in lockstep (docs/method.md): the nodes of an arm generate parts of
 the same prompts' groups in the same step, and each node's groups are the union of the parts."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Tokens are sampled from pi_gen, as a peer's are. k3_gen's mean matches KL(pi_gen || pi_theta); k3_theta's
 mean on the same samples matches neither KL but its own expectation E_gen[pi_gen/pi_theta] - 1 -
-KL(pi_gen || pi_theta): the bias DESIGN.md section 1 describes. On pi_theta's own samples k3_theta is
+KL(pi_gen || pi_theta): the bias docs/method.md describes. On pi_theta's own samples k3_theta is
 unbiased for KL(pi_theta || pi_gen), the use it was made for.
 """
 

@@ -1,4 +1,4 @@
-"""Behaviour the method promises (DESIGN.md section 1), each checked on concrete values."""
+"""Behaviour the method promises (docs/method.md), each checked on concrete values."""
 
 from __future__ import annotations
 

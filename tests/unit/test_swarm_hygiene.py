@@ -1,4 +1,4 @@
-"""DHT hygiene rules (DESIGN.md section 8), one test per rule, on hand-built records (no DHT needed):
+"""DHT hygiene rules (docs/method.md, hostile peers), one test per rule, on hand-built records (no DHT needed):
 bounded expirations, owned records only under the swarm's key schedule and decoding as the key's kind
 of message, and the storage caps on subkeys and bytes per key and per peer."""
 
