@@ -14,9 +14,36 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm_node.config_swarm import SwarmConfig
-from swarm_node.toml_text import _to_toml, apply_override  # noqa: F401 (apply_override: importable from here too)
+from swarm_node.toml_text import apply_override, to_toml  # noqa: F401 (apply_override: importable from here too)
 
 LossVariant = Literal["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
+Correction = Literal["none", "vis", "tis"]
+FilterSwitch = Literal["on", "off"]
+VARIANT_SWITCHES: dict[str, tuple[Correction, FilterSwitch]] = {  # old single names -> (correction, filter)
+    "grpo": ("none", "off"), "nois": ("none", "off"), "vis": ("vis", "off"), "tis": ("tis", "off"),
+    "f-nois": ("none", "on"), "f-vis": ("vis", "on"), "f-tis": ("tis", "on"),
+}
+
+
+def variant_name(correction: Correction, filter: FilterSwitch) -> str:
+    """The paper's name of two switches: `f-` when filtered, then nois, vis or tis (`f-tis`: tis, on)."""
+    return ("f-" if filter == "on" else "") + ("nois" if correction == "none" else correction)
+
+
+def switches_of_variant(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """`data` with its `variant` (an old single name, kept) read into `correction` and `filter`; a switch
+    set beside it must agree, else one-line ValueError. `where` prefixes names ("objective.")."""
+    name = data.get("variant")
+    if not isinstance(name, str) or name not in VARIANT_SWITCHES:  # absent or unknown: the field's check
+        return data
+    data = dict(data)
+    for key, want in zip(("correction", "filter"), VARIANT_SWITCHES[name]):
+        if data.setdefault(key, want) != want:
+            c, f = VARIANT_SWITCHES[name]
+            raise ValueError(f"{where}variant={name!r} means correction={c!r}, filter={f!r}, but {where}{key}="
+                             f"{data[key]!r} is set: set only {where}correction and {where}filter (variant is "
+                             "their old single name)")
+    return data
 
 
 class _Section(BaseModel):
@@ -46,14 +73,41 @@ class ModelConfig(_Section):
         ),
     )
     revision: str | None = Field(None, description="Hub revision (ignored for local paths).")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Parameter dtype. bfloat16 on GPUs that support it."
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description=(
+            "dtype of the forward and backward passes (torch.autocast) and of HF generation. `auto`: bfloat16 on GPUs "
+            "that support it, float32 on CPUs and older GPUs. float16 needs loss scaling, which the trainer does not "
+            "do: use it for inference-only settings, not training (`swarm_node.policy.precision`)."
+        ),
+    )
+    param_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description=(
+            "dtype the model's weights are stored in. `auto`: float32 for weights the optimizer updates (master "
+            "weights: a bf16 weight updated in place by AdamW at lr 1e-6 rarely changes), the compute dtype for a "
+            "LoRA node's frozen base (peft keeps the adapter in float32). bfloat16/float16 with full fine-tuning is "
+            "refused unless train.allow_low_precision_updates is set."
+        ),
     )
     device: str = Field("auto", description="`auto` (cuda if available, else cpu), `cpu`, `cuda`, `cuda:1`.")
     cache_dir: Path | None = Field(
         None, description="Where converted models are cached (default: ~/.cache/swarm-node)."
     )
     lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_dtype(cls, data: Any) -> Any:
+        """`model.dtype` (one field before compute and parameter dtypes were separate) is read as the
+        compute dtype: `dtype = "bfloat16"` now means bf16 compute over float32 master weights."""
+        if isinstance(data, dict) and "dtype" in data:
+            data = dict(data)
+            legacy = data.pop("dtype")
+            if data.setdefault("compute_dtype", legacy) != legacy:
+                raise ValueError(f"model.dtype={legacy!r} and model.compute_dtype={data['compute_dtype']!r} disagree: "
+                                 "set only model.compute_dtype (model.dtype is its old name)")
+        return data
 
 
 class GenerationConfig(_Section):
@@ -68,14 +122,42 @@ class GenerationConfig(_Section):
     )
     group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (the paper uses 12).")
     max_new_tokens: int = Field(256, ge=1, le=32768, description="Completion length cap.")
+    max_prompt_tokens: int = Field(
+        1024, ge=8, le=131072,
+        description="Longest rendered prompt the node generates for or trains on, in its own tokens: with "
+                    "max_new_tokens it sizes the vLLM engine (max_model_len) and the memory plan.",
+    )
     temperature: float = Field(1.0, gt=0, le=10, description="Sampling temperature (logprobs use it).")
     top_p: float = Field(
         1.0, gt=0, le=1,
         description="Nucleus sampling mass; only 1 is supported (logprobs are the full tempered distribution's).",
     )
     batch_size: int = Field(32, ge=1, description="HF backend: sequences generated per forward batch.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description=(
+            "dtype of the vLLM engine's weights and compute (weight syncs cast to it). `auto`: bfloat16 on CUDA, "
+            "float32 on CPU. The hf backend generates with the trainer's own module under model.compute_dtype, "
+            "so this applies to vLLM only."
+        ),
+    )
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="vLLM on GPU: memory share.")
     vllm_kv_cache_gib: int = Field(1, ge=1, description="vLLM on CPU: KV cache size in GiB.")
+    vllm_enforce_eager: bool | None = Field(
+        None,
+        description=(
+            "vLLM without CUDA graphs. None: eager on CPU, CUDA graphs on GPUs (faster decoding; capturing them "
+            "adds seconds and some memory at engine start)."
+        ),
+    )
+    vllm_sleep: bool = Field(
+        False,
+        description=(
+            "Put the vLLM engine to sleep (level 1: weights offloaded to CPU memory, KV cache freed) after each "
+            "generation and wake it before the next one or a weight sync, so training gets its GPU memory. Needs "
+            "CUDA and a vLLM with sleep mode; elsewhere the node logs why once and keeps the engine awake."
+        ),
+    )
     vllm_lora_sync: Literal["adapter", "merged"] = Field(
         "adapter",
         description=(
@@ -98,9 +180,21 @@ class GenerationConfig(_Section):
 
 
 class ObjectiveConfig(_Section):
-    """The loss family of DESIGN.md section 1 (GRPO, NoIS, VIS, TIS and their filtered forms)."""
+    """The loss family (docs/method.md) as two switches: the importance correction (none, vis, tis) and
+    the sample filter (on, off); the paper's NoIS, VIS, TIS, F-NoIS, F-VIS, F-TIS are their six pairs."""
 
-    variant: LossVariant = Field("f-tis", description="Loss variant; `grpo` is isolated on-policy training.")
+    correction: Correction = Field(
+        "tis", description="Importance correction of samples from another policy pi_gen: `none` treats them as "
+        "on-policy (NoIS); `vis`: pi_theta/pi_gen under the PPO clip; `tis` (default): the PPO term times "
+        "min(pi_theta_old/pi_gen, C), detached. On own on-policy samples all three are GRPO.")
+    filter: FilterSwitch = Field(
+        "on", description="`on` (default, the f-* variants): drop samples of `filter_scope` by `filter_rule` "
+        "(A <= 0, KL > g) after the group advantages; `off`: keep every sample.")
+    variant: LossVariant | None = Field(
+        None, description="Old single name of both switches, still accepted (a switch set beside it must agree): "
+        "nois, vis, tis = that correction, filter off; f-nois, f-vis, f-tis = filter on; `grpo` = none, off on a node "
+        "without peer samples (the isolated baseline: refused unless swarm.enabled=false or "
+        "swarm.max_peer_fraction=0, which is its new form with correction='none', filter='off').")
     truncation_c: float = Field(2.0, gt=0, description="C: importance weights are truncated at C (TIS).")
     clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon for pi_theta/pi_theta_old (and VIS).")
     kl_estimator: Literal["k3_gen", "k3_theta"] = Field(
@@ -142,6 +236,16 @@ class ObjectiveConfig(_Section):
         "sequence", description="`sequence`: 1/G sum_i 1/|a_i| sum_t (paper); `token`: mean over all tokens."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_variant(cls, data: Any) -> Any:
+        return switches_of_variant(data, "objective.") if isinstance(data, dict) else data
+
+    @property
+    def variant_name(self) -> str:
+        """For metrics and reports: `variant` when set (`grpo` stays `grpo`), else the switches' name."""
+        return self.variant or variant_name(self.correction, self.filter)
+
 
 class TrainConfig(_Section):
     """Optimizer, schedule and batch shape of one training step."""
@@ -159,6 +263,12 @@ class TrainConfig(_Section):
     pack_prompts: bool = Field(False, description="Pack several prompts' groups into one micro-batch (fewer passes: "
                                "faster for small models); false: one prompt per micro-batch, its prompt run once.")
     seed: int = Field(0, description="Seed for sampling, prompt order and initialisation of adapters.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each layer's activations in the backward pass instead of keeping them "
+                           "(about a third more compute, activations of one layer instead of all).")
+    allow_low_precision_updates: bool = Field(
+        False, description="Allow AdamW to update bfloat16/float16 weights in place (model.param_dtype): most "
+                           "updates of about lr round away, so such a node barely trains. For experiments only.")
 
 
 class TaskConfig(_Section):
@@ -280,10 +390,21 @@ class NodeConfig(_Section):
             raise ValueError(f"generation.temperature={t} lies outside swarm.min/max_peer_temperature "
                              f"[{sw.min_peer_temperature}, {sw.max_peer_temperature}]: peers with these settings "
                              "would drop this node's groups as unsupported_temperature (widen both swarm-wide)")
+        m = self.model
+        if m.param_dtype in ("bfloat16", "float16") and not m.lora.enabled and not self.train.allow_low_precision_updates:
+            raise ValueError(f"model.param_dtype={m.param_dtype!r} with full fine-tuning makes AdamW update "
+                             f"{m.param_dtype} weights in place, where most updates round away (one step at lr 1e-6 "
+                             "changes ~2% of weights of std 0.02): set model.param_dtype='auto' (float32 master weights, "
+                             f"model.compute_dtype={m.param_dtype!r} for speed), or enable model.lora, or set "
+                             "train.allow_low_precision_updates=true")
+        if m.compute_dtype == "float16":
+            raise ValueError("model.compute_dtype='float16' would train without loss scaling (gradients underflow): "
+                             "set model.compute_dtype='bfloat16' on GPUs that have it, else 'float32'")
         if self.objective.variant == "grpo" and self.swarm.enabled and self.swarm.max_peer_fraction > 0:
             # On-policy GRPO treats every sample as its own; with peers that is NoIS. Be explicit.
-            raise ValueError("objective.variant='grpo' is the isolated baseline: set swarm.max_peer_fraction=0 "
-                             "or choose 'nois' to train on peers' samples without importance weights")
+            raise ValueError("objective.variant='grpo' is the isolated baseline: set swarm.max_peer_fraction=0, or "
+                             "set objective.correction='none' and objective.filter='off' (NoIS) instead of "
+                             "objective.variant to train on peers' samples without importance weights")
         return self
 
     @classmethod
@@ -298,4 +419,4 @@ class NodeConfig(_Section):
         return cls.model_validate(data)
 
     def dump_toml(self) -> str:
-        return _to_toml(self.model_dump(mode="json", exclude_none=True))
+        return to_toml(self.model_dump(mode="json", exclude_none=True))

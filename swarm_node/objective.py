@@ -1,4 +1,4 @@
-"""The F-TIS loss family (DESIGN.md section 1): group advantages, sample filters, the per-token loss.
+"""The F-TIS loss family (docs/method.md): group advantages, sample filters, the per-token loss.
 
 Pure functions over tensors: no I/O, no model, no networking. The objective maximised is
 
@@ -7,13 +7,13 @@ Pure functions over tensors: no I/O, no model, no networking. The objective maxi
 and the loss returned is -J, where
     w_i     sample weight from `sample_weights` (1/(n_groups * G * |a_i|) for the paper's
             per-sequence-then-per-group normalisation, or 1/(valid tokens of the step batch));
-    A'_i    the sample's advantage, or 0 when the filter drops it (f-* variants, samples in
+    A'_i    the sample's advantage, or 0 when the filter drops it (`objective.filter = "on"`, samples in
             `filter_scope`): for A_i <= 0 or KL_i > g (`filter_rule = "or"`, the paper's text), or
             only for both (`"and"`, the authors' code); KL_i from `swarm_node.kl` (`kl_estimator`);
-    iw, R   depend on the variant:
-              grpo, nois, f-nois  iw = 1,                    R = pi_theta / pi_theta_old
-              vis, f-vis          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
-              tis, f-tis          iw = min(rho, C) detached, R = pi_theta / pi_theta_old
+    iw, R   depend on the importance correction (`objective.correction`):
+              none (grpo, nois, f-nois)  iw = 1,                    R = pi_theta / pi_theta_old
+              vis  (vis, f-vis)          iw = 1,                    R = pi_theta / pi_gen   (PPO clip on it)
+              tis  (tis, f-tis)          iw = min(rho, C) detached, R = pi_theta / pi_theta_old
             with rho = pi_theta_old / pi_gen, pi_theta_old the policy at the start of the step's
             optimisation (`step_start_logprobs`).
 So the gradient of an unfiltered token in the first epoch (R = 1) is -w_i A_i min(rho, C) grad log pi.
@@ -22,8 +22,8 @@ The multi-epoch weight (train.epochs_per_batch > 1) is the decoupled form min(pi
 the importance weight corrects for who generated the sample (pi_gen) relative to the policy the
 batch started from (pi_old), and stays fixed across epochs; the PPO ratio R = pi_theta/pi_old,
 clipped, carries the change made by earlier epochs. Own on-policy samples (pi_gen = pi_old) get
-weight 1 in every epoch, so every variant equals GRPO on on-policy data; reading the weight from
-the current policy instead would give them R (DESIGN.md section 1 with one update per batch is the
+weight 1 in every epoch, so every correction and filter equals GRPO on on-policy data; reading the weight from
+the current policy instead would give them R (docs/method.md with one update per batch is the
 special case R = 1, where both forms agree).
 
 Samples generated with another tokenizer (`swarm_node.crosstok`) carry `chunk_ids`: every ratio
@@ -186,8 +186,8 @@ def _ppo_surrogate(log_ratio: Tensor, adv: Tensor, eps: float) -> Tensor:
 
 
 def _filter_scope(is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
-    """[B] bool: samples the filters apply to (none outside the f-* variants)."""
-    if not cfg.variant.startswith("f-"):
+    """[B] bool: samples the filters apply to (none with `objective.filter = "off"`)."""
+    if cfg.filter == "off":
         return torch.zeros_like(is_peer)
     return is_peer if cfg.filter_scope == "peers" else torch.ones_like(is_peer)
 
@@ -211,7 +211,7 @@ def _dropped_without_kl(bad_adv: Tensor, cfg: ObjectiveConfig) -> Tensor:
 def carries_gradient(advantages: Tensor, is_peer: Tensor, cfg: ObjectiveConfig) -> Tensor:
     """[B] bool: samples whose objective term can have a nonzero gradient.
 
-    Every variant's per-token term is a multiple of the (possibly filtered) advantage A', so a
+    Every correction's per-token term is a multiple of the (possibly filtered) advantage A', so a
     sample with A' = 0 (advantage exactly 0, or dropped by the advantage condition alone, which the
     `or` rule does) contributes exactly nothing, whatever its logprobs; the KL condition needs
     logprobs and is not decided here (under `and` a sample with A < 0 is kept unless its KL > g).
@@ -270,20 +270,19 @@ def objective_loss(inputs: ObjectiveInputs, cfg: ObjectiveConfig) -> tuple[Tenso
     if chunks is not None:
         rho = torch.where(mask, broadcast(rho, chunks, mask), 1.0)  # [B,C] -> each own token [B,T]
     truncated_rho = rho.clamp(max=cfg.truncation_c)  # min(rho, C)
-    base = cfg.variant.removeprefix("f-")
-    if base == "vis" and chunks is not None:  # the chunk's surrogate, spread over its tokens
+    if cfg.correction == "vis" and chunks is not None:  # the chunk's surrogate, spread over its tokens
         active_c = chunk_mask(chunks, active)  # [B,C]
         clip_c = clamped_log_ratio(chunk_sum(theta, chunks, mask), gen_c, active_c)  # log pi_theta/pi_gen [B,C]
         clip_log_ratio = torch.where(active, broadcast(clip_c, chunks, mask), 0.0)  # [B,T]
         term = (broadcast(_ppo_surrogate(clip_c, adv[:, None], cfg.clip_eps), chunks, mask)
                 / tokens_per_chunk(chunks, mask, dtype))  # [B,T]
     else:
-        if base == "vis":
+        if cfg.correction == "vis":
             clip_log_ratio = clamped_log_ratio(theta, gen, active)  # log pi_theta/pi_gen [B,T]
         else:
             clip_log_ratio = clamped_log_ratio(theta, old, active)  # log pi_theta/pi_theta_old [B,T]
         term = _ppo_surrogate(clip_log_ratio, adv[:, None], cfg.clip_eps)  # [B,T]
-    if base == "tis":
+    if cfg.correction == "tis":
         term = term * truncated_rho
     weights = inputs.sample_weights.detach().to(dtype)  # [B]
     objective = (term * active.to(dtype) * weights[:, None]).sum()

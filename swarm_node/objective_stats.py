@@ -23,7 +23,7 @@ class ObjectiveStats:
     kept whole so that quantiles of merged stats are exact). Token statistics are over valid tokens
     of scored samples (the trainer scores peers' samples without gradient in a no-grad pass, so
     these cover every peer sample; only own samples without gradient stay unscored: `unscored_stats`);
-    the importance weight is rho = pi_theta_old / pi_gen whatever the variant (a diagnostic of how
+    the importance weight is rho = pi_theta_old / pi_gen whatever the correction (a diagnostic of how
     off-policy the batch is; finite, since its log is clamped); `ess` is over min(rho, C). `is_weight_*`
     averages every scored token (own ones weigh 1 in the first epoch), `is_weight_peer_*` peers' only.
 

@@ -10,12 +10,11 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_with
 from swarm_node.experiment.primary import metric_key
+from swarm_node.experiment.stats import mean_ci
 
 
 def _curve(runs: dict, key: str) -> tuple[list[int], list[tuple[float, float]]] | None:
     """(steps, [(mean, half width)]) of `key` over the seeds' runs; None when a run lacks it."""
-    from swarm_node.experiment.summary import mean_ci
-
     if not all(key in r.get("curves", {"accuracy": r["acc"]}) for r in runs.values()):
         return None
     steps = min((r["steps"] for r in runs.values()), key=len)
@@ -45,7 +44,7 @@ def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
                 half = [0.0 if math.isnan(h) else h for _, h in stats]
                 style = "--" if arm.collaboration == "horizontal" else "-"
                 line, = ax.plot(steps, mean, style, label=arm.name,
-                                lw=2.0 if arm.variant in ("isolated", "f-tis") else 1.2)
+                                lw=2.0 if arm.variant_name in ("isolated", "f-tis") else 1.2)
                 ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                                 color=line.get_color(), alpha=0.12)
             ax.set_title(f"{pair.name}: {node}", fontsize=9)

@@ -42,8 +42,8 @@ WEIGHT_FLOOR = 0.1
 
 
 def _swarm_arm(spec: Any, pair: Any) -> Any | None:
-    arms = [a for a in spec.pair_arms(pair) if a.variant != "isolated"]
-    return next((a for a in arms if a.variant == "f-tis"), arms[0] if arms else None)
+    arms = [a for a in spec.pair_arms(pair) if not a.isolated]
+    return next((a for a in arms if a.variant_name == "f-tis"), arms[0] if arms else None)
 
 
 def _weak_problems(cfg: Any, skill: str, count: int) -> list:

@@ -11,7 +11,9 @@
                   weak_skill (the operation the primary metric reads for this node)
     [[pairs]]     name, nodes = [node names], arms = [arm names] (default: every arm): one swarm each
                   (default: one pair of all nodes)
-    [[arms]]      name, variant ("isolated" | nois | vis | tis | f-nois | f-vis | f-tis),
+    [[arms]]      name, isolated = true (every node alone, on-policy GRPO) or correction ("none" | "vis" |
+                  "tis") and filter ("on" | "off"), the swarm's `objective.correction` / `objective.filter`
+                  (the old `variant = "isolated" | nois | ... | f-tis` is still read),
                   collaboration ("vertical" | "horizontal"), own_budget (isolated references only: x prompts
                   per step), set = [dotted overrides]
     [metrics]     primary ("weak_skill" | "overall" | "ood"), secondary, note: fixed before the grid runs
@@ -37,11 +39,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarm_node.config import (
-    GenerationConfig, LossVariant, NodeConfig, SwarmConfig, TaskConfig, TrainConfig, apply_override,
+    Correction, FilterSwitch, GenerationConfig, NodeConfig, SwarmConfig, TaskConfig, TrainConfig, apply_override,
+    VARIANT_SWITCHES, switches_of_variant, variant_name,
 )
 from swarm_node.experiment.warmup import WarmupSpec
 
-ArmVariant = Literal["isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
 DEFAULT_CACHE = Path("~/.cache/swarm-node/experiment")
 
 
@@ -140,7 +142,12 @@ class PairSpec(_Strict):
 
 class ArmSpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,40}$")
-    variant: ArmVariant
+    isolated: bool = Field(False, description="Every node trains alone (swarm off, no peer samples): on-policy "
+                                               "GRPO, objective correction `none` and filter `off`.")
+    correction: Correction | None = Field(None, description="`objective.correction` of a swarm arm (required "
+                                                            "unless isolated).")
+    filter: FilterSwitch | None = Field(None, description="`objective.filter` of a swarm arm (required unless "
+                                                          "isolated).")
     collaboration: Literal["vertical", "horizontal"] = Field(
         "vertical", description="vertical: a node generates whole groups; horizontal: the nodes of a pair generate "
                                 "G/n of each of n x prompts_per_step shared prompts per step (`horizontal_parts`).")
@@ -148,15 +155,45 @@ class ArmSpec(_Strict):
     own_budget: int = Field(
         1, ge=1, le=8,
         description="Multiplier of each node's own-generation budget: `train.prompts_per_step` x this. Every arm "
-                    "but a declared reference keeps 1; `isolated-2x` (variant isolated, own_budget = 2) is the "
+                    "but a declared reference keeps 1; `isolated-2x` (isolated, own_budget = 2) is the "
                     "'just more samples' reference: twice the own prompts per step, no peers.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_variant(cls, data: Any) -> Any:
+        """The old `variant` ("isolated", or a name `objective.variant` takes but grpo) as the new fields."""
+        if not isinstance(data, dict) or "variant" not in data:
+            return data
+        where, name = f"arm {data.get('name')!r}: ", data["variant"]
+        if name == "isolated":
+            if data.get("isolated", True) is not True:
+                raise ValueError(f"{where}variant='isolated' and isolated={data['isolated']!r} disagree: set only "
+                                 "isolated (variant is its old name)")
+            data = {**data, "isolated": True}
+        elif not isinstance(name, str) or name not in VARIANT_SWITCHES or name == "grpo":
+            raise ValueError(f"{where}variant={name!r} is not an arm's variant: set isolated = true, or correction "
+                             "(none | vis | tis) and filter (on | off)")
+        else:
+            data = switches_of_variant(data, where)
+        return {k: v for k, v in data.items() if k != "variant"}
+
     @model_validator(mode="after")
-    def _budget(self) -> ArmSpec:
-        if self.own_budget != 1 and self.variant != "isolated":
+    def _check(self) -> ArmSpec:
+        if self.isolated and (self.correction, self.filter) != (None, None):
+            raise ValueError(f"arm {self.name!r} is isolated (on-policy GRPO, no peers): drop its correction and "
+                             "filter, or set isolated = false")
+        if not self.isolated and None in (self.correction, self.filter):
+            raise ValueError(f"arm {self.name!r} needs correction (none | vis | tis) and filter (on | off), "
+                             "or isolated = true")
+        if self.own_budget != 1 and not self.isolated:
             raise ValueError(f"arm {self.name!r}: own_budget != 1 is for isolated references only (a swarm arm "
                              "must spend the same own budget as isolated)")
         return self
+
+    @property
+    def variant_name(self) -> str:
+        """`isolated`, or the paper's name of the arm's switches (`f-tis`, `nois`, ...)."""
+        return "isolated" if self.isolated else variant_name(self.correction, self.filter)
 
 
 class MetricsSection(_Strict):
@@ -208,7 +245,7 @@ class ExperimentSpec(_Strict):
         for node in self.nodes:
             if node.model is None and node.warmup is None:
                 raise ValueError(f"node {node.name!r} needs `model` or `warmup`")
-        horizontal = [a.name for a in self.arms if a.collaboration == "horizontal" and a.variant != "isolated"]
+        horizontal = [a.name for a in self.arms if a.collaboration == "horizontal" and not a.isolated]
         if horizontal and self.experiment.mode == "lockstep" and self.experiment.peer_lag:
             raise ValueError(f"horizontal arms {horizontal} need experiment.peer_lag = 0: the parts of a shared "
                              "group must reach every node in the step they are generated")
@@ -274,16 +311,17 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
     swarm["collaboration"] = arm.collaboration
     swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", 4)), spec.experiment.peer_lag + 1)
     objective = data.setdefault("objective", {})
-    if arm.variant == "isolated":
+    objective.pop("variant", None)  # the arm names the loss (as it always did, also over an old `variant`)
+    if arm.isolated:  # on-policy GRPO: the swarm off and no peer samples
         swarm["enabled"] = False
         swarm["max_peer_fraction"] = 0.0
-        objective["variant"] = "grpo"
+        objective["correction"], objective["filter"] = "none", "off"
     else:
         swarm["enabled"] = True
-        objective["variant"] = arm.variant
+        objective["correction"], objective["filter"] = arm.correction, arm.filter
     for item in [*node.set, *arm.set]:
         apply_override(data, item)
-    if arm.variant != "isolated" and arm.collaboration == "horizontal":
+    if not arm.isolated and arm.collaboration == "horizontal":
         horizontal_parts(data, pair_size)
     return NodeConfig.model_validate(data)
 
@@ -291,7 +329,7 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
 def horizontal_parts(data: dict[str, Any], n: int) -> None:
     """A horizontal arm's node config (in place): of a group of G = `generation.group_size` on each of
     n x P shared prompts (P = `train.prompts_per_step`), each of the n nodes generates G/n, so its own
-    budget stays P x G and each group of its batch is the union of n parts (DESIGN.md section 1).
+    budget stays P x G and each group of its batch is the union of n parts (docs/method.md, horizontal).
     The peer caps rise to what the union needs (the other nodes' n x P parts each, (n-1)/n of the
     groups), so that no part of a shared group is left out; a peer's share is scaled by its
     reputation weight, at least 1 / (1 + trusted_after) for a fresh identity, so the per-peer cap
@@ -310,10 +348,6 @@ def horizontal_parts(data: dict[str, Any], n: int) -> None:
     for key, need in (("max_peer_groups_per_step", (n - 1) * n * prompts), ("max_groups_per_peer", per_peer),
                       ("max_peer_fraction", (n - 1) / n)):
         swarm[key] = max(swarm.get(key, caps[key].default), need)
-
-
-def variant_of(arm: ArmSpec) -> LossVariant:
-    return "grpo" if arm.variant == "isolated" else arm.variant
 
 
 def eval_task(spec: ExperimentSpec) -> TaskConfig:

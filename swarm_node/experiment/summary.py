@@ -25,41 +25,8 @@ from typing import Any
 from swarm_node.atomic import atomic_write_text
 from swarm_node.experiment.plots import plot_pair
 from swarm_node.experiment.primary import fixed_metrics
+from swarm_node.experiment.stats import curve_auc, mean_ci
 from swarm_node.machine import describe
-
-# Student t quantile t_{0.975, df} for df = 1..30 (beyond: the normal 1.96 is within 2%).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    if df < 1:
-        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    return _T975[df - 1] if df <= len(_T975) else 1.96
-
-
-def mean_ci(values: Sequence[float]) -> tuple[float, float]:
-    """(mean, half width of the 95% t interval); the half width is nan for fewer than 2 values."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n < 2:
-        return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t975(n - 1) * sd / math.sqrt(n)
-
-
-def curve_auc(steps: Sequence[float], values: Sequence[float]) -> float:
-    """Trapezoid area under (steps, values) divided by the step span (= mean value over the run)."""
-    if len(steps) != len(values) or not steps:
-        raise ValueError("steps and values must be non-empty and of equal length")
-    if len(steps) == 1:
-        return float(values[0])
-    area = sum((steps[i + 1] - steps[i]) * (values[i + 1] + values[i]) / 2 for i in range(len(steps) - 1))
-    return area / (steps[-1] - steps[0])
-
 
 def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -224,7 +191,7 @@ def isolated_runs(data: dict, pair: Any, node: str, spec: Any) -> dict:
 def reference_runs(data: dict, pair: Any, node: str, spec: Any) -> tuple[str, dict] | None:
     """The node's "just more samples" reference runs (an isolated arm with `own_budget` > 1), found like
     `isolated_runs`: (arm name, runs), or None when the file declares no reference."""
-    refs = [a.name for a in spec.arms if a.variant == "isolated" and a.own_budget > 1]
+    refs = [a.name for a in spec.arms if a.isolated and a.own_budget > 1]
     if not refs:
         return None
     for other in [pair, *spec.pairs]:
@@ -264,7 +231,7 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
                 iso = isolated_runs(data, pair, node, spec)
                 paired = sorted(s for s in runs if s in iso)
                 keys = sorted(set.intersection(*(set(r.get("aucs", {})) for r in runs.values())))
-                ref = reference_runs(data, pair, node, spec) if arm.variant != "isolated" else None
+                ref = reference_runs(data, pair, node, spec) if not arm.isolated else None
                 row = {"seeds": sorted(runs),
                        "aucs": {k: mean_ci([r["aucs"][k] for r in runs.values()]) for k in keys},
                        "d_aucs": _paired(runs, iso, keys),
@@ -334,7 +301,7 @@ def crosstok_lines(table: dict, spec: Any, pair: Any) -> list[str]:
     for arm in spec.pair_arms(pair):
         for node in pair.nodes:
             row = table.get(f"{pair.name}|{arm.name}|{node}")
-            if row is not None and arm.variant != "isolated":
+            if row is not None and not arm.isolated:
                 rows.append(f"| {arm.name} | {node} | {_fmt(row['crosstok_samples'], math.nan, 1)} | "
                             f"{_fmt(row['crosstok_tokens_per_chunk'], math.nan, 2)} | {_fmt(row['step_seconds_p50'], math.nan, 2)} |")
     if not any(table.get(f"{pair.name}|{a.name}|{n}", {}).get("crosstok_samples", 0.0) > 0

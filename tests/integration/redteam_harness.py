@@ -136,7 +136,7 @@ def _rounds(nodes: list[Honest], n: int, pause_s: float = 0.0) -> list[dict]:
 def _summary(name: str, nodes: list[Honest], before: list[dict], during: list[dict], drops_delta: dict,
              attack: dict, jitter_s: float, stall_s: float) -> dict:
     others = {h.peer_id: {o.peer_id for o in nodes if o is not h} for h in nodes}
-    variants = {h.peer_id: h.node.cfg.objective.variant for h in nodes}
+    variants = {h.peer_id: h.node.cfg.objective.variant_name for h in nodes}
     honest_used = [bool({s.source for s in r["samples"] if s.is_peer} & others[r["node"]]) for r in during]
     attacker_ids = set(attack.get("identities", ()))
     from_attacker = [s for r in during for s in r["samples"] if s.is_peer and s.source in attacker_ids]

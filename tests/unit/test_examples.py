@@ -22,7 +22,7 @@ SECTIONS = set(NodeConfig.model_fields)
 @pytest.mark.parametrize("path", NODE_CONFIGS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_node_config_validates(path):
     cfg = NodeConfig.load(path)
-    assert cfg.objective.variant == "f-tis"
+    assert (cfg.objective.correction, cfg.objective.filter, cfg.objective.variant) == ("tis", "on", None)
     NodeConfig.model_validate(tomllib.loads(cfg.dump_toml()))  # the resolved dump reloads
 
 
@@ -40,7 +40,13 @@ def test_paper_replication_nodes():
     any_cfg = d / "qwen2.5-3b.toml"
     ev = NodeConfig.load(any_cfg, ["task.name=math500", "task.source=HuggingFaceH4/MATH-500", "task.split=test"])
     assert (ev.task.name, ev.task.source) == ("math500", "HuggingFaceH4/MATH-500")
-    NodeConfig.load(any_cfg, ["swarm.enabled=false", "objective.variant=grpo"])
+    iso = NodeConfig.load(any_cfg, ["swarm.enabled=false", "objective.correction=none", "objective.filter=off"])
+    nois = NodeConfig.load(any_cfg, ["objective.correction=none", "objective.filter=off"])
+    assert (iso.objective.variant_name, nois.objective.variant_name, nois.swarm.enabled) == ("nois", "nois", True)
+    assert NodeConfig.load(any_cfg, ["objective.correction=vis"]).objective.variant_name == "f-vis"
+    assert NodeConfig.load(any_cfg, ["objective.filter=off"]).objective.variant_name == "tis"
+    with pytest.raises(ValueError, match="set only objective.correction and objective.filter"):
+        NodeConfig.load(any_cfg, ["swarm.enabled=false", "objective.variant=grpo"])  # the file sets tis, on
     NodeConfig.load(any_cfg, ["metrics.prometheus_addr=0.0.0.0:9401", "model.lora.enabled=true"])
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from swarm_node.experiment.spec import ExperimentSpec, node_config
-from swarm_node.experiment.summary import curve_auc, mean_ci, summarise, t975
+from swarm_node.experiment.stats import curve_auc, mean_ci, t975
+from swarm_node.experiment.summary import summarise
 
 
 def test_mean_ci_on_known_input():
@@ -55,10 +56,11 @@ lora = true
 learning_rate = 0.01
 [[arms]]
 name = "isolated"
-variant = "isolated"
+isolated = true
 [[arms]]
 name = "f-tis"
-variant = "f-tis"
+correction = "tis"
+filter = "on"
 """
 
 
@@ -91,8 +93,10 @@ def test_node_config_is_the_production_config(tmp_path):
     spec = _spec(tmp_path)
     iso = node_config(spec, spec.node("a"), spec.arms[0], seed=1, node_index=0, node_dir=tmp_path / "a")
     swarm = node_config(spec, spec.node("b"), spec.arms[1], seed=1, node_index=1, node_dir=tmp_path / "b")
-    assert iso.objective.variant == "grpo" and not iso.swarm.enabled and iso.swarm.max_peer_fraction == 0
-    assert swarm.objective.variant == "f-tis" and swarm.swarm.enabled
+    assert (iso.objective.correction, iso.objective.filter, iso.objective.variant) == ("none", "off", None)
+    assert not iso.swarm.enabled and iso.swarm.max_peer_fraction == 0
+    assert (swarm.objective.correction, swarm.objective.filter, swarm.objective.variant) == ("tis", "on", None)
+    assert swarm.swarm.enabled
     assert swarm.model.lora.enabled and swarm.train.learning_rate == 0.01
     assert iso.train.total_steps == swarm.train.total_steps == 10
     assert iso.train.seed != swarm.train.seed
@@ -104,7 +108,9 @@ def test_spec_rejects_unknown_nodes_and_variants(tmp_path):
     with pytest.raises(ValueError, match="unknown nodes"):
         _spec(tmp_path, SPEC + '[[pairs]]\nname = "p"\nnodes = ["a", "zz"]\n')
     with pytest.raises(ValueError):
-        _spec(tmp_path, SPEC.replace('variant = "f-tis"', 'variant = "magic"'))
+        _spec(tmp_path, SPEC.replace('correction = "tis"', 'correction = "magic"'))
+    with pytest.raises(ValueError, match="needs correction"):
+        _spec(tmp_path, SPEC.replace('filter = "on"\n', ''))
 
 
 GRIDS = ["examples/sandbox_grid.toml", "examples/paper_gpu_replication/experiment.toml"]  # the paper's grid shape
@@ -121,10 +127,13 @@ def test_example_experiment_files_validate(name, tmp_path):
         for arm in spec.arms:
             for i, node in enumerate(pair.nodes):
                 cfg = node_config(spec, spec.node(node), arm, 0, i, tmp_path / node, model_name="/x")
-                assert cfg.objective.variant == ("grpo" if arm.variant == "isolated" else arm.variant)
+                switches = ("none", "off") if arm.isolated else (arm.correction, arm.filter)
+                assert (cfg.objective.correction, cfg.objective.filter, cfg.objective.variant) == (*switches, None)
+                assert cfg.swarm.enabled is not arm.isolated
     if name in GRIDS:  # isolated, the six variants vertical, F-TIS horizontal
-        assert {a.variant for a in spec.arms} == {"isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"}
-        assert {(a.variant, a.collaboration) for a in spec.arms if a.collaboration == "horizontal"} == {("f-tis", "horizontal")}
+        assert {a.variant_name for a in spec.arms} == {"isolated", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"}
+        assert {(a.variant_name, a.collaboration) for a in spec.arms
+                if a.collaboration == "horizontal"} == {("f-tis", "horizontal")}
         assert len(spec.experiment.seeds) >= 3 and len(spec.pairs) == 3
 
 

@@ -139,14 +139,19 @@ def test_inputs_reject_mismatched_shapes():
 
 def test_config_defaults_are_the_papers():
     cfg = ObjectiveConfig()
-    assert (cfg.variant, cfg.truncation_c, cfg.clip_eps, cfg.kl_threshold) == ("f-tis", 2.0, 0.2, 50.0)
+    assert (cfg.correction, cfg.filter, cfg.variant_name) == ("tis", "on", "f-tis")
+    assert (cfg.truncation_c, cfg.clip_eps, cfg.kl_threshold) == (2.0, 0.2, 50.0)
     assert (cfg.filter_scope, cfg.normalization, cfg.kl_reduction) == ("peers", "sequence", "sum")
     assert cfg.kl_estimator == "k3_gen"  # unbiased for KL(pi_gen || pi_theta) on the peers' samples
     with pytest.raises(ValueError):
         ObjectiveConfig(truncation_c=0)
     with pytest.raises(ValueError):
         ObjectiveConfig(variant="ppo")
-    assert NodeConfig.load(overrides=["objective.variant='f-vis'"]).objective.variant == "f-vis"
+    with pytest.raises(ValueError):
+        ObjectiveConfig(correction="is")
+    with pytest.raises(ValueError):
+        ObjectiveConfig(filter=True)
+    assert NodeConfig.load(overrides=["objective.correction='vis'"]).objective.variant_name == "f-vis"
 
 
 def test_peer_samples_gradient_counts_nonzero_advantage_only():

@@ -70,7 +70,7 @@ def test_every_variant_equals_grpo_on_on_policy_data_over_epochs(cache: Path, va
     applies (an f-* variant drops a peer's non-positive advantages by design)."""
     policy = make_policy(cache)
     start = params(policy)
-    as_peer = not variant.startswith("f-")
+    as_peer = ObjectiveConfig(variant=variant).filter == "off"
     own = make_samples(policy, [[1.0, 0.0, 0.0]], seed=5)
     peer = make_samples(policy, [[0.0, 1.0, 1.0]], peer=as_peer, seed=6)
     lr = 1e-3
