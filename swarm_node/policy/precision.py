@@ -5,7 +5,8 @@ Three dtypes, resolved once from the config and the device:
   - the *parameter* dtype of weights the optimizer updates: float32 (master weights; AdamW's
     moments follow them). An Adam update of about the learning rate is below half a bfloat16 ulp
     for most weights, so bf16 weights updated in place barely move (one step at lr 1e-6 changes
-    about 2% of them); the config refuses that unless `train.allow_low_precision_updates` is set;
+    about 2% of weights of std 0.02, 0.4% of SmolLM2-135M's); the config refuses that unless
+    `train.allow_low_precision_updates` is set;
   - the *compute* dtype of forward and backward passes (`torch.autocast`): bfloat16 on GPUs that
     support it, float32 on CPUs (`auto`); frozen weights (a LoRA node's base) are stored in it;
   - the *generator's* dtype (vLLM's engine, `generation.dtype`): bfloat16 on CUDA, float32 on CPU

@@ -1,7 +1,9 @@
 """Tiny random Llama-style models and byte-level tokenizers, built in code (no hub), for tests.
 
-A spec `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]` names one model exactly (`-tied`:
-the output head shares the input embedding matrix, as in SmolLM2): the same
+A spec `tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<variant>[:<seed>]]` names one model exactly
+(`-tied`: the output head shares the input embedding matrix, as in SmolLM2; `-v<vocab>`: the model's
+vocabulary is padded to `vocab` rows, as a real model's is larger than these tokenizers, for memory and
+speed checks at realistic logit sizes; ids past the tokenizer's decode to nothing): the same
 spec always gives the same weights and the same tokenizer, so two test nodes naming the same spec
 hold the same model. Tokenizer variants have different vocabularies (hence different
 fingerprints), so tests can pair nodes with matching and non-matching tokenizers:
@@ -42,7 +44,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(-tied)?(?::([a-z]))?(?::(\d+))?$")
+_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(-tied)?(?:-v(\d+))?(?::([a-z]))?(?::(\d+))?$")
 EOS_PROBABILITY = 1 / 25  # mean eos probability per position: completions stop after ~25 tokens on average
 
 
@@ -53,11 +55,13 @@ class TinySpec:
     variant: str = "a"
     seed: int = 0
     tied: bool = False
+    vocab: int = 0  # model vocabulary rows; 0: the tokenizer's size
 
     @property
     def dir_name(self) -> str:
         """A file-system-safe name; bump the suffix when the construction below changes."""
-        return f"tiny-{self.hidden}x{self.layers}{'-tied' if self.tied else ''}-{self.variant}-s{self.seed}-v2"
+        padded = f"-v{self.vocab}" if self.vocab else ""
+        return f"tiny-{self.hidden}x{self.layers}{'-tied' if self.tied else ''}{padded}-{self.variant}-s{self.seed}-v2"
 
 
 def is_tiny_spec(name: str) -> bool:
@@ -65,20 +69,22 @@ def is_tiny_spec(name: str) -> bool:
 
 
 def parse_tiny_spec(name: str) -> TinySpec:
-    """Parse `tiny-random:<hidden>x<layers>[-tied][:<variant>[:<seed>]]`; raises ValueError if malformed."""
+    """Parse `tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<variant>[:<seed>]]`; raises ValueError if malformed."""
     m = _SPEC_RE.match(name)
     if m is None:
         raise ValueError(f"bad tiny model spec {name!r}: "
-                         "expected tiny-random:<hidden>x<layers>[-tied][:<a|b|c>[:<seed>]]")
+                         "expected tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<a|b|c>[:<seed>]]")
     hidden, layers = int(m.group(1)), int(m.group(2))
-    tied, variant, seed = m.group(3) is not None, m.group(4) or "a", int(m.group(5) or 0)
+    tied, vocab, variant, seed = m.group(3) is not None, int(m.group(4) or 0), m.group(5) or "a", int(m.group(6) or 0)
     if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:
         raise ValueError(f"tiny model hidden size must be a multiple of {HEAD_DIM} in [32, 4096], got {hidden}")
     if not 1 <= layers <= 64:
         raise ValueError(f"tiny model layers must be in [1, 64], got {layers}")
     if variant not in VARIANTS:
         raise ValueError(f"tiny tokenizer variant must be one of {VARIANTS}, got {variant!r}")
-    return TinySpec(hidden, layers, variant, seed, tied)
+    if vocab > 262144:
+        raise ValueError(f"tiny model vocabulary must be at most 262144, got {vocab}")
+    return TinySpec(hidden, layers, variant, seed, tied, vocab)
 
 
 def _arithmetic_corpus(n: int = 2000, seed: int = 0) -> list[str]:
@@ -153,7 +159,7 @@ def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> Llam
     """A randomly initialised float32 Llama, deterministic in `spec` (forks the torch RNG)."""
     heads = spec.hidden // HEAD_DIM
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), spec.vocab),
         hidden_size=spec.hidden,
         intermediate_size=2 * spec.hidden,
         num_hidden_layers=spec.layers,

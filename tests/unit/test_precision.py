@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.gpu_check import changed_elements, watch_step
 from swarm_node.config import ModelConfig, NodeConfig, ObjectiveConfig, TrainConfig
 from swarm_node.policy.models import load_policy
 from swarm_node.policy.precision import resolve_compute_dtype, resolve_dtype, resolve_param_dtype
@@ -32,33 +33,14 @@ def _samples(policy, n_prompts: int = 2, group: int = 4, length: int = 12, seed:
     return out
 
 
-def _changed_fraction(before: dict[str, torch.Tensor], policy) -> float:
-    """Among trained elements whose gradient was non-zero, the fraction whose value changed."""
-    changed = total = 0
-    for name, p in policy.trainable_parameters():
-        live = before[name + ".grad"] != 0
-        changed += int(((p.detach() != before[name]) & live).sum())
-        total += int(live.sum())
+def _one_step(policy, lr: float) -> float:
+    """One trainer step at `lr`; the changed fraction of the trained elements with a non-zero gradient."""
+    trainer = Trainer(policy, TrainConfig(learning_rate=lr, micro_batch_size=4), ObjectiveConfig(), temperature=1.0)
+    seen = watch_step(trainer)
+    assert trainer.step(_samples(policy))["optimizer_steps"] == 1.0
+    changed, total = changed_elements(policy, seen)
     assert total > 1000, "the step produced (almost) no gradient: the check would say nothing"
     return changed / total
-
-
-def _one_step(policy, lr: float) -> float:
-    """One trainer step at `lr`; returns the changed fraction of the elements with non-zero gradient."""
-    trainer = Trainer(policy, TrainConfig(learning_rate=lr, micro_batch_size=4), ObjectiveConfig(), temperature=1.0)
-    samples = _samples(policy)
-    # the gradient of the step, from an identical trainer's accumulate pass, tells which elements had one
-    probe = Trainer(policy, TrainConfig(learning_rate=lr, micro_batch_size=4), ObjectiveConfig(), temperature=1.0)
-    batch = probe._prepare(samples)
-    probe._accumulate(batch, [torch.zeros(0)] * len(samples), first_epoch=True)
-    before = {}
-    for name, p in policy.trainable_parameters():
-        before[name] = p.detach().clone()
-        before[name + ".grad"] = p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-    probe.optimizer.zero_grad(set_to_none=True)
-    metrics = trainer.step(samples)
-    assert metrics["optimizer_steps"] == 1.0
-    return _changed_fraction(before, policy)
 
 
 def test_bf16_compute_over_float32_master_weights_moves_them(tmp_path: Path) -> None:
