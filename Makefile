@@ -40,8 +40,11 @@ test-multihost: env  # hosts as network namespaces (root; skips with its reason 
 	tests/multihost/setup.sh
 	$(PY) -m pytest -q -s -m multihost tests/multihost $(ARGS)
 
+# `make bench QUICK=1`: each at its --quick size (seconds each: tiny models built in code, no hub);
+# BENCH_ARGS="..." passes other options to every one.
+bench: BENCH_ARGS ?= $(if $(QUICK),--quick)
 bench: env
-	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in wire objective swarm scale generation train_step; do $(PY) -m benchmarks.$$b $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV)

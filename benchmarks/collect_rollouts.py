@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.common import Timer, emit
+from benchmarks.common import Timer, emit, parse_args
 from protocol import codec
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
 
@@ -28,7 +28,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--task", default="gsm8k", choices=["gsm8k", "arithmetic"])
     ap.add_argument("--source", default="../shared/data/gsm8k/test.jsonl")
-    args = ap.parse_args()
+    args = parse_args(ap, {"model": "tiny-random:128x2", "prompts": 2, "group_size": 2, "max_new_tokens": 8,
+                           "task": "arithmetic"})
 
     from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
     from swarm_node.policy.generation import HFGenerator

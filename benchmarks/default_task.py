@@ -1,7 +1,7 @@
 """Does the embedded default earn reward before any training? The prompt options, measured.
 
     python -m benchmarks.default_task [--prompts 32] [--group-size 6] [--max-new-tokens 48] \
-        [--heldout 64] [--variants plain,example] [--warmup]
+        [--heldout 64] [--variants plain,example] [--warmup] [--model smollm2-135m]
 
 GRPO learns only from groups whose rewards differ. For each prompt option this samples G
 completions (HF backend, temperature 1, the node's generator) for `--prompts` problems of the
@@ -25,13 +25,14 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
+from protocol.binding import select_prompts
 from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
 from swarm_node.evaluate import evaluate
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import load_policy
 from swarm_node.tasks.heldout import default_eval_task, disjoint_heldout
-from swarm_node.tasks.prompts import render_prompt, select_prompts
+from swarm_node.tasks.prompts import render_prompt
 from swarm_node.tasks.registry import load_prompt_set, make_reward_fn
 
 
@@ -58,9 +59,8 @@ def measure(model_name: str, worked_example: bool, args: argparse.Namespace) -> 
         reward_sum += sum(rewards)
         total += len(scores)
     held = disjoint_heldout(default_eval_task(task), [prompt_set], args.heldout)
-    ev = evaluate(policy.model, policy.tokenizer, held, make_reward_fn(task, held.answer_kind, format_reward=0.0),
-                  batch_size=16, max_new_tokens=args.max_new_tokens, device="cpu", worked_example=worked_example,
-                  progress=False)
+    ev = evaluate(gen, policy.tokenizer, held, make_reward_fn(task, held.answer_kind, format_reward=0.0),
+                  batch_size=16, max_new_tokens=args.max_new_tokens, worked_example=worked_example, progress=False)
     reward.close()
     return {"mixed_groups": round(mixed / len(groups), 3), "boxed": round(boxed / total, 3),
             "mean_reward": round(reward_sum / total, 3), "heldout": round(ev["accuracy"], 3),
@@ -70,6 +70,7 @@ def measure(model_name: str, worked_example: bool, args: argparse.Namespace) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="the plain and example options' model")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group-size", type=int, default=6)
     ap.add_argument("--max-new-tokens", type=int, default=48)
@@ -77,11 +78,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default="plain,example")
     ap.add_argument("--warmup", action="store_true", help="also measure the cached supervised warm-up")
-    args = ap.parse_args()
-    out: dict[str, Any] = {"benchmark": "default_task", "prompts": args.prompts, "group_size": args.group_size,
-                           "max_new_tokens": args.max_new_tokens, "options": {}}
+    args = parse_args(ap, {"model": "tiny-random:64x2", "prompts": 2, "group_size": 2, "max_new_tokens": 8,
+                           "heldout": 4})
+    out: dict[str, Any] = {"benchmark": "default_task", "model": args.model, "prompts": args.prompts,
+                           "group_size": args.group_size, "max_new_tokens": args.max_new_tokens, "options": {}}
     for name in args.variants.split(","):
-        out["options"][name] = measure("smollm2-135m", name == "example", args)
+        out["options"][name] = measure(args.model, name == "example", args)
         print(name, out["options"][name], flush=True)
     if args.warmup:
         from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import emit
-from swarm_node.config import ModelConfig, TaskConfig
+from benchmarks.common import emit, parse_args
+from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
 from swarm_node.evaluate import evaluate
+from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import load_policy
 from swarm_node.tasks import make_reward_fn
 from swarm_node.tasks.arithmetic import arithmetic_prompt_set
@@ -41,10 +42,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
+    args = parse_args(ap, {"problems": 16, "batch_size": 8, "max_new_tokens": 4, "repeats": 1})
     torch.set_num_threads(1)
     policy = load_policy(ModelConfig(name=args.model, cache_dir=Path(tempfile.mkdtemp(prefix="bench-eval-")),
                                      device="cpu"), seed=0)
+    greedy = HFGenerator(policy, GenerationConfig())
     full = arithmetic_prompt_set([1], 4000, 1000003, "standard")  # the grid's eval.task
     problems = dataclasses.replace(full, problems=full.problems[: args.problems])
     lengths = [len(render_prompt(policy.tokenizer, p.question, SYSTEM_PROMPT)) for p in problems.problems]
@@ -54,7 +56,7 @@ def main() -> None:
     try:
         for k in range(args.repeats + 1):
             for by_length in (True, False) if k % 2 == 0 else (False, True):
-                r = evaluate(policy.model, policy.tokenizer, problems, reward, batch_size=args.batch_size,
+                r = evaluate(greedy, policy.tokenizer, problems, reward, batch_size=args.batch_size,
                              max_new_tokens=args.max_new_tokens, system_prompt=SYSTEM_PROMPT, progress=False,
                              by_length=by_length)
                 completions[by_length] = [rec["completion"] for rec in r["records"]]

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import Timer, emit, peak_rss_mib
+from benchmarks.common import Timer, emit, parse_args, peak_rss_mib
 from swarm_node.config import GenerationConfig, ModelConfig
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import Policy, load_policy
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--backends", default="hf,vllm", help="comma-separated subset of hf,vllm")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parse_args(parser, {"model": "tiny-random:128x2", "prompts": 1, "group_size": 2, "max_new_tokens": 8})
     if not 1 <= args.prompts <= len(QUESTIONS):
         parser.error(f"--prompts must be in [1, {len(QUESTIONS)}]")
     policy = load_policy(ModelConfig(name=args.model, dtype="float32"), seed=args.seed)

@@ -1,4 +1,4 @@
-"""Crash and verifier-stall attacks of a hostile peer on an honest node (DESIGN.md section 8).
+"""Crash and verifier-stall attacks of a hostile peer on an honest node (docs/method.md).
 
 Two nodes with tiny random models share an in-memory swarm and take turns: the attacker publishes
 one step's groups, then the honest node takes a step. The attacker is a real node whose generator
@@ -39,7 +39,7 @@ import numpy as np
 
 from benchmarks.common import emit
 from swarm_node.assemble import build_parts
-from swarm_node.config import NodeConfig
+from swarm_node.config import VARIANT_SWITCHES, NodeConfig
 from swarm_node.node import Node
 from swarm_node.policy.types import GeneratedCompletion
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
@@ -76,7 +76,8 @@ def make_node(root: Path, swarm: MemorySwarm, name: str, variant: str) -> Node:
         "train.prompts_per_step=2", "train.learning_rate=1e-3", "train.total_steps=100", "train.micro_batch_size=8",
         f'swarm.swarm_id="{SWARM}"', "swarm.max_peer_fraction=0.5", "swarm.max_peer_groups_per_step=4",
         "swarm.fetch_timeout_s=2.0", "checkpoint.every_steps=1000", "task.levels=[1]", "task.size=50",
-        f'objective.variant="{variant}"', "metrics.jsonl=false"])
+        *(f'objective.{k}="{v}"' for k, v in zip(("correction", "filter"), VARIANT_SWITCHES[variant])),
+        "metrics.jsonl=false"])
     parts, start = build_parts(cfg, transport=MemoryTransport(swarm, peer_id=name))
     return Node(parts, start_step=start)
 

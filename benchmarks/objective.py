@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.common import Timer, emit, peak_rss_mib
+from benchmarks.common import Timer, emit, parse_args, peak_rss_mib
 from swarm_node.config import ObjectiveConfig
 from swarm_node.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
 
@@ -86,9 +86,10 @@ def trainer_step_times(model_name: str, batch: int, tokens: int, repeats: int) -
     cache = tempfile.mkdtemp(prefix="objective-bench-")
     rng = np.random.default_rng(0)
     trainers = {}
-    for name, variant in (("grpo", "grpo"), ("ftis", "f-tis")):
+    for name, (correction, filter_) in (("grpo", ("none", "off")), ("ftis", ("tis", "on"))):
         policy = load_policy(ModelConfig(name=model_name, device="cpu", cache_dir=cache))
-        trainers[name] = Trainer(policy, TrainConfig(micro_batch_size=8), ObjectiveConfig(variant=variant), 1.0)
+        objective = ObjectiveConfig(correction=correction, filter=filter_)
+        trainers[name] = Trainer(policy, TrainConfig(micro_batch_size=8), objective, 1.0)
     vocab = len(trainers["grpo"].policy.tokenizer)
     samples = [TrainSample(group_key=str(i // 8), prompt_ids=rng.integers(3, vocab, 16),
                            completion_ids=rng.integers(3, vocab, tokens),
@@ -110,14 +111,14 @@ def main() -> None:
     parser.add_argument("--trainer-model", default="tiny-random:128x2",
                         help="model for the whole-train-step comparison ('' to skip it)")
     parser.add_argument("--trainer-repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, {"batch": 4, "tokens": 32, "repeats": 3, "trainer_repeats": 1, "threads": 1})
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
     batch = make_batch(args.batch, args.tokens, device)
-    ftis = ObjectiveConfig(variant="f-tis")
-    grpo = ObjectiveConfig(variant="grpo")
+    ftis = ObjectiveConfig(correction="tis", filter="on")
+    grpo = ObjectiveConfig(correction="none", filter="off")
 
     leaf = batch["step_start"].clone().requires_grad_(True)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 from swarm_node.config import GenerationConfig, ModelConfig, ObjectiveConfig, TrainConfig
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import load_policy
@@ -58,7 +58,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-size", type=int, default=16, help="one-prompt arm (the sandbox file's)")
     ap.add_argument("--pack-size", type=int, default=128, help="packed arm's micro_batch_size")
     ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+    args = parse_args(ap, {"prompts": 2, "group": 2, "max_new_tokens": 4, "repeats": 1})
     torch.set_num_threads(1)
     cache = Path(tempfile.mkdtemp(prefix="bench-packed-"))
     policy = load_policy(ModelConfig(name=args.model, cache_dir=cache, device="cpu"), seed=0)
@@ -81,7 +81,7 @@ def main() -> None:
     theirs = _samples(peer, HFGenerator(peer, gen[64], seed=1), prompts[args.prompts:], args.group, "peer", rng)
     samples = own + theirs
     state = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
-    ocfg = ObjectiveConfig(variant="f-tis")
+    ocfg = ObjectiveConfig(correction="tis", filter="on")
     train_seconds, norms = {}, {}
     for name, size, pack in (("one_prompt", args.micro_batch_size, False), ("packed", args.pack_size, True)):
         policy.model.load_state_dict(state)

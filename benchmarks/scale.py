@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 from hivemind.dht.routing import DHTID
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 from protocol import codec, keys
 from protocol.messages import IndexEntry, RolloutIndex
 from swarm_node.swarm.index import ShardedIndex
@@ -324,7 +324,7 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=["old", "sharded"], choices=["old", "sharded"])
     parser.add_argument("--measured", help="file whose last line is benchmarks.swarm's JSON: compare per peers")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parse_args(parser, {"sizes": [8, 64], "rounds": 1, "warmup": 1})
 
     sizes = Sizes.measure()
     print("sizes", vars(sizes), flush=True)

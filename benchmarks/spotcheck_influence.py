@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     ap.add_argument("--c", type=float, default=None, help="objective.truncation_c (default: the config's)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parse_args(ap, {"tokens": 8})
     from swarm_node.config import ObjectiveConfig
     from swarm_node.objective import ObjectiveInputs, objective_loss
 
@@ -46,7 +46,7 @@ def main() -> None:
         loss.backward()
         out[name] = float(t.grad.abs().sum())
     honest = out["honest"]
-    emit({"benchmark": "spotcheck_influence", "variant": cfg.variant, "truncation_c": cfg.truncation_c,
+    emit({"benchmark": "spotcheck_influence", "variant": cfg.variant_name, "truncation_c": cfg.truncation_c,
           "kl_threshold": cfg.kl_threshold, "kl_estimator": cfg.kl_estimator, "tokens": args.tokens,
           "gradient_weight_vs_honest": {k: v / honest for k, v in out.items()},
           "bound": cfg.truncation_c})

@@ -22,7 +22,7 @@ import random
 
 import numpy as np
 
-from benchmarks.common import Timer, emit
+from benchmarks.common import Timer, emit, parse_args
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
 
 
@@ -61,7 +61,7 @@ def main() -> None:
                     help="warm tiny-random models first (swarm_node.experiment.warmup, level-1 arithmetic): sharper "
                          "distributions than random ones")
     ap.add_argument("--cache", default=None, help="where warmed models are kept (default: a temporary directory)")
-    args = ap.parse_args()
+    args = parse_args(ap, {"groups": 2, "group_size": 2, "max_new_tokens": 8})
 
     import torch
 

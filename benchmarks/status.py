@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 
 SWARM = "bench-status"
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -87,7 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--peers", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parse_args(parser, {"peers": 2, "repeats": 1})
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         peers = _start_swarm(args.peers, Path(tmp))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 from protocol import keys
 from swarm_node.swarm.exchange import RolloutExchange
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--max-per-peer", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--replicas", type=int, default=5, help="DHT replicas per record (hivemind's default 5)")
-    args = parser.parse_args()
+    args = parse_args(parser, {"sizes": [2], "rounds": 2, "groups": 1})
 
     results = {"memory": [], "dht": []}
     for n in args.sizes:

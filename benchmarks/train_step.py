@@ -85,7 +85,7 @@ def run_ours(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                                                         temperature=1.0, batch_size=args.batch_size,
                                                         vllm_lora_sync=_lora_sync(args)), seed=0)
     trainer = Trainer(policy, TrainConfig(learning_rate=args.learning_rate, micro_batch_size=args.micro_batch_size),
-                      ObjectiveConfig(variant="grpo"), temperature=1.0)
+                      ObjectiveConfig(correction="none", filter="off"), temperature=1.0)
     runs = [_iteration(policy, generator, trainer, prompts, problems, args, Timer)
             for _ in range(args.warmup + args.iterations)]
     generator.close()
@@ -189,6 +189,8 @@ def _run_json(cmd: list[str], what: str) -> dict[str, Any]:
 
 
 def parse_args() -> argparse.Namespace:
+    from benchmarks.common import parse_args as parse_with_quick
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mode", choices=["full", "lora", "all"], default="all")
     p.add_argument("--model", default="smollm2-135m")
@@ -210,7 +212,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trl-python", default="/tmp/venv-trl/bin/python")
     p.add_argument("--no-trl", action="store_true")
     p.add_argument("--child", choices=["ours"], help=argparse.SUPPRESS)
-    return p.parse_args()
+    return parse_with_quick(p, {"model": "tiny-random:128x2", "prompts": 1, "group": 2, "max_new_tokens": 8,
+                                "iterations": 1, "no_trl": True})
 
 
 def main() -> None:
