@@ -29,6 +29,12 @@ if [ "$EXTRAS" = dev ] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ]
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
     || echo "[setup] could not install chromium; the browser test will be skipped" >&2
 fi
+# tcmalloc: experiment workers preload it when installed, and the allocator benchmark compares it.
+if [ "$EXTRAS" = dev ] && ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing libtcmalloc-minimal4 for the allocator benchmark" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) \
+    || echo "[setup] could not install libtcmalloc-minimal4; the allocator benchmark's test will be skipped" >&2
+fi
 rm -f "$VENV"/.swarm-node-"$EXTRAS"-*
 touch "$stamp"
 echo "[setup] environment ready: $VENV" >&2
