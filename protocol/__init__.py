@@ -6,6 +6,7 @@ so it can be audited and fuzzed on its own.
 
 from protocol.codec import DEFAULT_LIMITS, DEFAULT_SCHEME, Limits, Scheme, decode, encode
 from protocol.messages import (
+    EXCHANGE_VERSION,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Completion,
@@ -17,6 +18,7 @@ from protocol.messages import (
     PromptSetManifest,
     PromptSetTombstone,
     ProtocolError,
+    Receipt,
     RolloutGroup,
     RolloutIndex,
     SamplingParams,
@@ -25,6 +27,7 @@ from protocol.messages import (
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_SCHEME",
+    "EXCHANGE_VERSION",
     "PROTOCOL_VERSION",
     "SUPPORTED_VERSIONS",
     "Completion",
@@ -37,6 +40,7 @@ __all__ = [
     "PromptSetManifest",
     "PromptSetTombstone",
     "ProtocolError",
+    "Receipt",
     "RolloutGroup",
     "RolloutIndex",
     "SamplingParams",

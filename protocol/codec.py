@@ -9,7 +9,7 @@ Wire format (all integers little-endian):
            5  u32      length of the msgpack body after decompression
            9  ...      body: msgpack, or one zstd frame (with its content size) of the msgpack body
 
-The body is a msgpack array of the message's fields in a fixed order (see `protocol._schema`).
+The body is a msgpack array of the message's fields in a fixed order (see `protocol.schema`).
 In a RolloutGroup all completions' token ids travel as one little-endian uint32 byte string and all
 logprobs as one little-endian float32 byte string (completion boundaries from per-completion
 lengths); when the sender includes completion text (version 2, cross-tokenizer exchange), all
@@ -32,14 +32,14 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from enum import IntEnum
 from pathlib import Path
 
 import msgpack
 import zstandard
 
-from protocol import _schema
+from protocol import schema
 from protocol.messages import (
     SUPPORTED_VERSIONS,
     Message,
@@ -48,6 +48,7 @@ from protocol.messages import (
     ProtocolError,
     RolloutGroup,
 )
+from protocol.limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -93,35 +94,6 @@ DEFAULT_SCHEME = Scheme.SHUFFLE_ZSTD
 ZSTD_LEVEL = 3
 
 
-@dataclass(frozen=True)
-class Limits:
-    """Hard caps applied while decoding (and encoding, so we never write what peers refuse)."""
-
-    max_encoded_bytes: int = 8 << 20  # whole message on the wire
-    max_decoded_bytes: int = 16 << 20  # msgpack body after decompression
-    max_objects: int = 200_000  # msgpack objects in one body
-    max_completions: int = 256
-    max_tokens_per_completion: int = 32_768
-    max_total_tokens: int = 1 << 20
-    max_string_len: int = 512  # ids, names, revisions, fingerprints, maddrs, digests (UTF-8 bytes)
-    max_text_len: int = 65_536  # prompt questions and answers
-    max_bytes_len: int = 8_192  # public keys and signatures
-    max_metrics: int = 256
-    max_metric_key_len: int = 64
-    max_maddrs: int = 32
-    max_index_entries: int = 1_024
-    max_chunk_digests: int = 4_096
-    max_prompt_items: int = 4_096
-
-    @property
-    def max_array_len(self) -> int:
-        return max(
-            16, self.max_completions, self.max_index_entries, self.max_chunk_digests,
-            self.max_prompt_items, self.max_maddrs,
-        )
-
-
-DEFAULT_LIMITS = Limits()
 
 _TYPE_OF = {
     "RolloutGroup": MessageType.ROLLOUT_GROUP,
@@ -145,20 +117,20 @@ def encode(
     if msg.protocol_version not in SUPPORTED_VERSIONS:
         raise ProtocolError(f"cannot encode protocol version {msg.protocol_version!r}")
     chosen = DEFAULT_SCHEME if scheme is None else Scheme(scheme)
-    wire = _schema.to_wire(msg, limits, shuffle=chosen == Scheme.SHUFFLE_ZSTD)
+    wire = schema.to_wire(msg, limits, shuffle=chosen == Scheme.SHUFFLE_ZSTD)
     body = _pack(wire)
     if len(body) > limits.max_decoded_bytes:
         raise ProtocolError(f"message body of {len(body)} bytes exceeds {limits.max_decoded_bytes}")
     payload = body
     if chosen == Scheme.SHUFFLE_ZSTD and kind == MessageType.ROLLOUT_GROUP:
-        widths = _schema.TAIL_WIDTHS[len(wire)]
+        widths = schema.TAIL_WIDTHS[len(wire)]
         payload = _compress_planes(body, [(len(b), w) for b, w in zip(wire[-len(widths):], widths)], level)
     elif chosen != Scheme.NONE:
         payload = zstandard.ZstdCompressor(level=level, write_checksum=False).compress(body)
         if scheme is None and len(payload) >= len(body):
             chosen, payload = Scheme.NONE, body
             if kind == MessageType.ROLLOUT_GROUP:  # the shuffled body differs: re-pack plainly
-                payload = body = _pack(_schema.to_wire(msg, limits, shuffle=False))
+                payload = body = _pack(schema.to_wire(msg, limits, shuffle=False))
     out = _HEADER.pack(MAGIC, msg.protocol_version, int(kind), int(chosen), len(body)) + payload
     if len(out) > limits.max_encoded_bytes:
         raise ProtocolError(f"encoded message of {len(out)} bytes exceeds {limits.max_encoded_bytes}")
@@ -234,7 +206,7 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
         )
     except (ValueError, OverflowError, msgpack.UnpackException) as e:
         raise ProtocolError(f"malformed msgpack body: {type(e).__name__}: {e}") from e
-    return _schema.from_wire(
+    return schema.from_wire(
         MessageType(kind).name, obj, version, limits, shuffled=scheme == Scheme.SHUFFLE_ZSTD
     )
 

@@ -14,18 +14,27 @@ from typing import Any
 
 import numpy as np
 
-PROTOCOL_VERSION = 2
-"""The version this code writes. Every message carries it; a node refuses other versions.
+PROTOCOL_VERSION = 3
+"""The newest version this code writes. Every message carries its version; a node refuses others.
 
 Version 2 added a completion's `text` and `piece_bytes` (cross-tokenizer exchange), a group's
 `adapter_digest` (the declared model, for logprob spot-checks) and a status record's
-`tokenizer_fingerprint`. A version-1 decoder would refuse those bodies as malformed (its
-field counts are exact), not misread them; the version says which layout a body has, so a node
-that does not know it refuses it as `bad_version` rather than as garbage."""
+`tokenizer_fingerprint`. Version 3 added a status record's receipts (`NodeStatus.receipts`,
+`receipts_span_s`) and changed no other body, so status records are written at version 3 and
+every other message at `EXCHANGE_VERSION` (2): a version-2 node still exchanges groups, indexes
+and prompt sets with this one, and refuses its status records as `bad_version`. An older decoder
+would refuse a newer body as malformed (its field counts are exact), not misread it; the version
+says which layout a body has, so a node that does not know it refuses it as `bad_version` rather
+than as garbage."""
 
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, PROTOCOL_VERSION})
+EXCHANGE_VERSION = 2
+"""The version groups, indexes and prompt-set records are written at: their layout is the same in
+versions 2 and 3 (version 3 changed the status record only)."""
+
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, EXCHANGE_VERSION, PROTOCOL_VERSION})
 """Versions this code can decode (and encode: a message declaring version 1 is written in the
-version-1 layout, which cannot carry completion text or a status fingerprint)."""
+version-1 layout, which cannot carry completion text or a status fingerprint; a status record
+declaring version 1 or 2 cannot carry receipts)."""
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 NODE_ROLES: tuple[str, ...] = ("trainer", "observer")
@@ -189,7 +198,7 @@ class RolloutGroup(_WireEq):
     logprobs (`swarm_node.spotcheck`); validate checks the digest's form (`bad_adapter_digest`).
     """
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = EXCHANGE_VERSION
     swarm_id: str
     sender: str  # peer id (base58 string)
     model_id: str
@@ -229,7 +238,7 @@ class IndexEntry(_WireEq):
 class RolloutIndex(_WireEq):
     """The small record a peer publishes under the per-window key (its own subkey)."""
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = EXCHANGE_VERSION
     sender: str
     window: int  # keys.window_of(created_at, window_seconds)
     entries: tuple[IndexEntry, ...]
@@ -238,12 +247,58 @@ class RolloutIndex(_WireEq):
         object.__setattr__(self, "entries", _as_tuple(self.entries, "entries"))
 
 
+MAX_RECEIPTS = 32
+"""Receipts one status record carries at most (senders; the node keeps the ones that gave it the
+most, `swarm_node.receipts`). With every other field at its bound, a record stays under the DHT's
+64 KiB owned-record limit (tests/unit/test_receipts_protocol.py states both sizes)."""
+MAX_RECEIPT_REASONS = 8
+"""Drop reasons one receipt names at most; the node sums the rest under `OTHER_REASON`."""
+MAX_RECEIPT_REASON_LEN = 40
+"""Characters of a drop reason at most (lowercase letters, digits and `_`: validate)."""
+MAX_RECEIPT_COUNT = 1 << 32
+"""Largest count a receipt may state (validate): far above any span's groups or samples."""
+MAX_RECEIPTS_SPAN_S = 7 * 86400.0
+"""Longest span a record's receipts may cover (validate)."""
+OTHER_REASON = "other"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Receipt(_WireEq):
+    """What a receiver did with one sender's groups over its record's receipts span (version 3): its
+    signed statement, since the receiver's status record is signed by the receiver's key.
+
+    Invariants (checked by validate): every count an int in [0, MAX_RECEIPT_COUNT];
+    gradient + filtered <= samples (a filtered sample carries no gradient);
+    filtered_advantage <= filtered and filtered_kl <= filtered (a filtered sample met the advantage
+    condition, A <= 0, or the KL condition, KL > g, or both: it may count in both);
+    at most MAX_RECEIPT_REASONS `dropped` pairs of (reason, groups > 0), reasons distinct, each of
+    [a-z0-9_] and at most MAX_RECEIPT_REASON_LEN characters; `sender` a non-empty peer id.
+    """
+
+    sender: str  # peer id of the node whose groups these are
+    taken: int  # groups that became training samples
+    samples: int  # of its samples trained on (filtered ones included)
+    gradient: int  # samples that carried gradient (not filtered, nonzero advantage)
+    filtered: int  # samples the filter rule dropped
+    filtered_advantage: int  # of those, samples with a non-positive advantage
+    filtered_kl: int  # of those, samples whose KL exceeded the receiver's g
+    dropped: tuple[tuple[str, int], ...] = ()  # (reason, groups or index records dropped), most first
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dropped", tuple(_as_tuple(d, "dropped reason") for d in _as_tuple(self.dropped, "dropped")))
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class NodeStatus(_WireEq):
     """What observers read about a node. `metrics` holds finite floats under short keys (bounded
     count and key length, checked by validate); treat it as read-only. `tokenizer_fingerprint`
     (version 2) is the node's tokenizer's, "" for observers and version-1 records: peers count the
-    tokenizers of a swarm from it (swarm.send_text = "auto")."""
+    tokenizers of a swarm from it (swarm.send_text = "auto").
+
+    `receipts` (version 3): for at most MAX_RECEIPTS senders whose groups this node judged, what it
+    did with them over the `receipts_span_s` seconds before `timestamp` (0 with no receipts;
+    validate: finite, within [0, MAX_RECEIPTS_SPAN_S]); senders distinct. Records of versions 1 and
+    2 decode with none."""
 
     protocol_version: int = PROTOCOL_VERSION
     peer_id: str
@@ -254,9 +309,12 @@ class NodeStatus(_WireEq):
     maddrs: tuple[str, ...] = ()
     metrics: dict[str, float] = field(default_factory=dict)
     tokenizer_fingerprint: str = ""
+    receipts_span_s: float = 0.0
+    receipts: tuple[Receipt, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "maddrs", _as_tuple(self.maddrs, "maddrs"))
+        object.__setattr__(self, "receipts", _as_tuple(self.receipts, "receipts"))
         if not isinstance(self.metrics, dict):
             raise ProtocolError("metrics must be a dict")
         object.__setattr__(self, "metrics", dict(sorted(self.metrics.items())))
@@ -267,7 +325,7 @@ class PromptSetManifest(_WireEq):
     """A seeded prompt set: the operator signs `codec.manifest_signing_bytes(manifest)` (the
     encoding with an empty signature) with the key whose public part is `owner_public_key`."""
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = EXCHANGE_VERSION
     prompt_set_id: str
     name: str
     answer_kind: str  # 'number' | 'math'
@@ -289,7 +347,7 @@ class PromptSetTombstone(_WireEq):
     re-storing them and refuse to load the set; a manifest signed later starts it again.
     `successor`: the id of the set that replaces it ("" for none), shown to operators."""
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = EXCHANGE_VERSION
     prompt_set_id: str
     owner_public_key: bytes
     ended_at: float
@@ -301,7 +359,7 @@ class PromptSetTombstone(_WireEq):
 class PromptChunk(_WireEq):
     """A content-addressed slice of a prompt set: (index, question, answer) triples."""
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = EXCHANGE_VERSION
     items: tuple[tuple[int, str, str], ...]
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
-"""Field order and type checks of each message body (the msgpack array inside the codec's frame).
+"""Field order and type checks of each message body (the msgpack array inside the codec's frame),
+within the hard caps of `limits.Limits`.
 
 `to_wire` turns a message into msgpack-ready lists, checking types and limits so we never write
 what a peer would refuse; `from_wire` does the reverse on an unpacked body, checking every type,
@@ -18,7 +19,11 @@ Bodies (version 2; version 1 differs where noted):
                       Version 1: without adapter_digest and never with text (12 fields).
     RolloutIndex      [sender, window, [[[digest, ...], size, prompt_index, policy_version, created_at], ...]]
     NodeStatus        [peer_id, role, model_id, step, timestamp, [maddr, ...], {metric: value},
-                       tokenizer_fingerprint]  (version 1: without tokenizer_fingerprint)
+                       tokenizer_fingerprint, receipts_span_s,
+                       [[sender, taken, samples, gradient, filtered, filtered_advantage, filtered_kl,
+                         [[reason, groups], ...]], ...]]
+                      (version 2: without the receipts' two fields; version 1: also without
+                       tokenizer_fingerprint)
     PromptSetManifest [prompt_set_id, name, answer_kind, num_problems, [digest, ...],
                        owner_public_key, created_at, signature]
     PromptChunk       [[[index, question, answer], ...]]
@@ -27,10 +32,11 @@ Bodies (version 2; version 1 differs where noted):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from protocol.limits import Limits
 from protocol.messages import (
     Completion,
     IndexEntry,
@@ -41,13 +47,11 @@ from protocol.messages import (
     PromptSetManifest,
     PromptSetTombstone,
     ProtocolError,
+    Receipt,
     RolloutGroup,
     RolloutIndex,
     SamplingParams,
 )
-
-if TYPE_CHECKING:
-    from protocol.codec import Limits
 
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
@@ -146,11 +150,16 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
                 {_str(k, "metric key", limits.max_metric_key_len): _float(v, f"metrics[{k}]", False)
                  for k, v in sorted(msg.metrics.items())}]
         fingerprint = _str(msg.tokenizer_fingerprint, "tokenizer_fingerprint", s)
+        span = _float(msg.receipts_span_s, "receipts_span_s", False)
+        if msg.protocol_version <= 2 and (msg.receipts or span):
+            raise ProtocolError(f"a version-{msg.protocol_version} status record cannot carry receipts")
         if msg.protocol_version == 1:
             if fingerprint:
                 raise ProtocolError("a version-1 status record cannot carry a tokenizer fingerprint")
             return body
-        return [*body, fingerprint]
+        if msg.protocol_version == 2:
+            return [*body, fingerprint]
+        return [*body, fingerprint, span, _receipts_to_wire(msg, limits)]
     if isinstance(msg, PromptSetManifest):
         b = limits.max_bytes_len
         return [_str(msg.prompt_set_id, "prompt_set_id", s), _str(msg.name, "name", s),
@@ -168,6 +177,32 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
         return [[[_int(i, "item index"), _str(q, "question", t), _str(a, "answer", t)]
                  for i, q, a in (_seq(it, "item", 3, exact=3) for it in items)]]
     raise ProtocolError(f"cannot encode {type(msg).__name__}")
+
+
+RECEIPT_COUNTS = ("taken", "samples", "gradient", "filtered", "filtered_advantage", "filtered_kl")  # body order
+
+
+def _receipts_to_wire(msg: NodeStatus, limits: Limits) -> list[Any]:
+    s, out = limits.max_string_len, []
+    for r in _seq(msg.receipts, "receipts", limits.max_receipts):
+        if not isinstance(r, Receipt):
+            raise ProtocolError(f"receipts: expected Receipt, got {type(r).__name__}")
+        counts = [_int(getattr(r, f), f) for f in RECEIPT_COUNTS]
+        dropped = [[_str(k, "reason", s), _int(n, "dropped")] for k, n in (
+            _seq(d, "dropped reason", 2, exact=2) for d in _seq(r.dropped, "dropped", limits.max_receipt_reasons))]
+        out.append([_str(r.sender, "sender", s), *counts, dropped])
+    return out
+
+
+def _receipts_from_wire(obj: Any, limits: Limits) -> tuple[Receipt, ...]:
+    s, out = limits.max_string_len, []
+    for r in _seq(obj, "receipts", limits.max_receipts):
+        sender, *counts, dropped = _seq(r, "receipt", 8, exact=2 + len(RECEIPT_COUNTS))
+        pairs = tuple((_str(k, "reason", s), _int(n, "dropped")) for k, n in (
+            _seq(d, "dropped reason", 2, exact=2) for d in _seq(dropped, "dropped", limits.max_receipt_reasons)))
+        out.append(Receipt(sender=_str(sender, "sender", s), dropped=pairs,
+                           **{f: _int(v, f) for f, v in zip(RECEIPT_COUNTS, counts, strict=True)}))
+    return tuple(out)
 
 
 def _group_to_wire(g: RolloutGroup, limits: Limits, shuffle: bool) -> list[Any]:
@@ -237,8 +272,8 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
         return RolloutIndex(protocol_version=version, sender=_str(sender, "sender", s),
                             window=_int(window, "window"), entries=tuple(out))
     if kind == "NODE_STATUS":
-        n_fields = 7 if version == 1 else 8
-        peer_id, role, model_id, step, timestamp, maddrs, metrics, *rest = _seq(obj, "NodeStatus", 8, exact=n_fields)
+        n_fields = {1: 7, 2: 8}.get(version, 10)
+        peer_id, role, model_id, step, timestamp, maddrs, metrics, *rest = _seq(obj, "NodeStatus", 10, exact=n_fields)
         if not isinstance(metrics, dict):
             raise ProtocolError(f"metrics: expected map, got {type(metrics).__name__}")
         if len(metrics) > limits.max_metrics:
@@ -251,6 +286,8 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
             metrics={_str(k, "metric key", limits.max_metric_key_len): _float(v, "metric value", True)
                      for k, v in metrics.items()},
             tokenizer_fingerprint=_str(rest[0], "tokenizer_fingerprint", s) if rest else "",
+            receipts_span_s=_float(rest[1], "receipts_span_s", True) if len(rest) > 1 else 0.0,
+            receipts=_receipts_from_wire(rest[2], limits) if len(rest) > 1 else (),
         )
     if kind == "PROMPT_SET_MANIFEST":
         ps_id, name, answer_kind, num, digests, owner, created_at, sig = _seq(obj, "PromptSetManifest", 8, exact=8)

@@ -15,11 +15,17 @@ import numpy as np
 from protocol.messages import (
     ANSWER_KINDS,
     FINISH_REASONS,
+    MAX_RECEIPT_COUNT,
+    MAX_RECEIPT_REASON_LEN,
+    MAX_RECEIPT_REASONS,
+    MAX_RECEIPTS,
+    MAX_RECEIPTS_SPAN_S,
     NODE_ROLES,
     SUPPORTED_VERSIONS,
     NodeStatus,
     PromptSetManifest,
     PromptSetTombstone,
+    Receipt,
     RolloutGroup,
 )
 
@@ -55,6 +61,11 @@ BAD_STEP = "bad_step"
 TOO_MANY_METRICS = "too_many_metrics"
 METRIC_KEY_TOO_LONG = "metric_key_too_long"
 METRIC_NONFINITE = "metric_nonfinite"
+TOO_MANY_RECEIPTS = "too_many_receipts"
+BAD_RECEIPT_SPAN = "bad_receipt_span"  # not finite, negative, over MAX_RECEIPTS_SPAN_S, or receipts with span 0
+BAD_RECEIPT_SENDER = "bad_receipt_sender"  # empty, not a peer id's characters, repeated, or the record's own peer
+BAD_RECEIPT_COUNT = "bad_receipt_count"  # negative, over MAX_RECEIPT_COUNT, or breaking the Receipt invariants
+BAD_RECEIPT_REASON = "bad_receipt_reason"  # too many, repeated, not [a-z0-9_]{1,40}, or a count < 1
 BAD_ANSWER_KIND = "bad_answer_kind"
 BAD_NUM_PROBLEMS = "bad_num_problems"
 BAD_CHUNK_DIGEST = "bad_chunk_digest"
@@ -70,6 +81,7 @@ GROUP_REASONS = (
 )
 STATUS_REASONS = (
     BAD_VERSION, BAD_ROLE, BAD_STEP, BAD_TIMESTAMP, TOO_MANY_METRICS, METRIC_KEY_TOO_LONG, METRIC_NONFINITE,
+    TOO_MANY_RECEIPTS, BAD_RECEIPT_SPAN, BAD_RECEIPT_SENDER, BAD_RECEIPT_COUNT, BAD_RECEIPT_REASON,
 )
 MANIFEST_REASONS = (
     BAD_VERSION, BAD_ANSWER_KIND, BAD_NUM_PROBLEMS, NO_CHUNKS, BAD_CHUNK_DIGEST, BAD_TIMESTAMP, UNSIGNED, WRONG_OWNER,
@@ -78,6 +90,8 @@ MANIFEST_REASONS = (
 TOMBSTONE_REASONS = (BAD_VERSION, BAD_TIMESTAMP, UNSIGNED, WRONG_OWNER)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+_PEER_ID = re.compile(r"[0-9A-Za-z._:-]{1,128}")  # base58 libp2p ids, and the ids of in-memory swarms
+_REASON = re.compile(f"[a-z0-9_]{{1,{MAX_RECEIPT_REASON_LEN}}}")
 
 # The logprob floor. A sampled token's logprob below -50 means the sampler drew an event of
 # probability under e^-50 ~ 2e-22: with vocabularies of 1e5-1e6 tokens and any realistic number of
@@ -268,7 +282,42 @@ def validate_status(status: NodeStatus, limits: ValidationLimits) -> list[str]:
             _add(reasons, METRIC_KEY_TOO_LONG)
         if not _finite(value):
             _add(reasons, METRIC_NONFINITE)
+    for reason in receipt_reasons(status):
+        _add(reasons, reason)
     return reasons
+
+
+def receipt_reasons(status: NodeStatus) -> list[str]:
+    """Reasons to reject a status record's receipts (empty: accept; see `messages.Receipt`)."""
+    reasons: list[str] = []
+    span = status.receipts_span_s
+    if not _finite(span) or not 0 <= span <= MAX_RECEIPTS_SPAN_S or (status.receipts and span == 0):
+        _add(reasons, BAD_RECEIPT_SPAN)
+    if len(status.receipts) > MAX_RECEIPTS:
+        _add(reasons, TOO_MANY_RECEIPTS)
+    senders = [r.sender for r in status.receipts]
+    if len(set(senders)) != len(senders) or status.peer_id in senders:
+        _add(reasons, BAD_RECEIPT_SENDER)
+    for r in status.receipts:
+        if not (isinstance(r.sender, str) and _PEER_ID.fullmatch(r.sender)):
+            _add(reasons, BAD_RECEIPT_SENDER)
+        if not _receipt_counts_ok(r):
+            _add(reasons, BAD_RECEIPT_COUNT)
+        names = [k for k, _ in r.dropped]
+        if (len(r.dropped) > MAX_RECEIPT_REASONS or len(set(names)) != len(names)
+                or not all(isinstance(k, str) and _REASON.fullmatch(k) and _count(n) and n >= 1 for k, n in r.dropped)):
+            _add(reasons, BAD_RECEIPT_REASON)
+    return reasons
+
+
+def _count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_RECEIPT_COUNT
+
+
+def _receipt_counts_ok(r: Receipt) -> bool:
+    counts = (r.taken, r.samples, r.gradient, r.filtered, r.filtered_advantage, r.filtered_kl)
+    return (all(_count(n) for n in counts) and r.gradient + r.filtered <= r.samples
+            and r.filtered_advantage <= r.filtered and r.filtered_kl <= r.filtered)
 
 
 def validate_manifest(manifest: PromptSetManifest, limits: ValidationLimits) -> list[str]:

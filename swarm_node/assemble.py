@@ -1,7 +1,7 @@
 """Build a node's parts from its config and run it under supervision.
 
 This is the one place that knows every concrete implementation (hivemind transport, HF/vLLM
-generators, task loaders, metric sinks); `node.py` sees only `NodeParts`.
+generators, task loaders, metric sinks); `node.py` sees only `NodeParts` (`parts.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.config import NodeConfig, SwarmConfig
-from swarm_node.node import Node, NodeParts
+from swarm_node.node import Node
+from swarm_node.parts import CheckpointExtra, NodeParts
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,10 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
     from swarm_node.policy.trainer import Trainer
+    from swarm_node.policy.vllm_engine import node_demand
     from swarm_node.prometheus import PrometheusExporter
     from swarm_node.tasks import load_prompt_set, make_reward_fn
+    from swarm_node.tasks.prompt_lengths import check_prompt_lengths
 
     node_dir = Path(cfg.node_dir)
     node_dir.mkdir(parents=True, exist_ok=True)
@@ -80,11 +83,6 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         if moved:
             log.info("resumed at step %d: %d metrics rows of later steps moved to metrics.superseded.jsonl",
                      start_step, moved)
-    generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step)
-    close_hooks.append(generator.close)
-    if start_step:
-        generator.sync_weights(policy.model)
-
     keeper = None
     if cfg.swarm.prompt_set_id is not None:
         from swarm_node.swarm.prompts import load_prompt_set as load_swarm_prompt_set
@@ -96,6 +94,14 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         keeper = start_prompt_keeper(cfg.swarm, transport)
         if keeper is not None:
             close_hooks.append(keeper.stop)
+    longest = check_prompt_lengths(policy.tokenizer, prompt_set.problems, prompt_set.id,
+                                   cfg.generation.max_prompt_tokens, cfg.task.system_prompt, cfg.task.worked_example)
+    log.info("prompts of %s: at most %d tokens (generation.max_prompt_tokens=%d)", prompt_set.id, longest,
+             cfg.generation.max_prompt_tokens)
+    generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step, demand=node_demand(cfg))
+    close_hooks.append(generator.close)
+    if start_step:
+        generator.sync_weights(policy.model)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
     close_hooks.append(reward_fn.close)  # its time-bounded worker process
 
@@ -125,7 +131,8 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         from swarm_node.ledger import PeerLedger
         from swarm_node.swarm.exchange import RolloutExchange
 
-        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers, own_tokenizer=policy.fingerprint)
+        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers, own_tokenizer=policy.fingerprint,
+                                 own_peer=transport.peer_id, receipts_span_s=cfg.metrics.receipts_span_s)
 
         min_g, max_g = peer_group_bounds(cfg)
         exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
@@ -141,12 +148,12 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    admission=build_admission(cfg, prompt_set, ledger.reputation), ledger=ledger)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
-        sinks.append(_status_sink(exchange, transport, cfg, policy))
+        sinks.append(_status_sink(exchange, transport, cfg, policy, ledger))
         if cfg.metrics.prometheus_addr:
             sinks.append(lambda _metrics: exporter.update_peers(ledger.rows(), cfg.metrics.prometheus_top_peers))
 
-    def save(extra: dict) -> None:
-        save_checkpoint(node_dir, trainer, cfg, extra)
+    def save(extra: CheckpointExtra) -> None:
+        save_checkpoint(node_dir, trainer, cfg, dict(extra))
 
     from swarm_node.rejects import FILE_NAME, RejectList
 
@@ -164,7 +171,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
     if cfg.eval.problems:
         from swarm_node.heldout_eval import HeldoutEvaluator
 
-        evaluator = HeldoutEvaluator(cfg, policy, prompt_set)
+        evaluator = HeldoutEvaluator(cfg, policy, generator, prompt_set)
         close_hooks.append(evaluator.close)
         parts.evaluate = evaluator
     # Written once the node has started, so a failed start leaves the previous one in place.
@@ -175,11 +182,11 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
 def render_with(cfg: NodeConfig) -> Any:
     """(tokenizer, problem) -> prompt ids under this node's task template, thread-safe: how a logprob
     spot-check (swarm_node/spotcheck.py) renders a prompt with a reference model's tokenizer."""
-    from swarm_node.rollouts import _TOKENIZER_LOCK
+    from swarm_node.rollouts import TOKENIZER_LOCK
     from swarm_node.tasks import render_prompt
 
     def render(tokenizer: Any, problem: Any) -> list[int]:
-        with _TOKENIZER_LOCK:
+        with TOKENIZER_LOCK:
             return render_prompt(tokenizer, problem.question, cfg.task.system_prompt, cfg.task.worked_example)
 
     return render
@@ -224,17 +231,18 @@ def build_admission(cfg: NodeConfig, prompt_set: Any, reputation: Any | None = N
                      reputation=reputation)
 
 
-def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any):
+def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, ledger: Any):
     from protocol.messages import NodeStatus
 
     def publish(metrics: dict[str, float]) -> None:
         step = int(metrics.get("step", 0))
         if step % cfg.metrics.status_every_steps:
             return
+        span, receipts = ledger.receipts(cfg.metrics.receipts_max_senders)  # what it did with each sender's groups
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
             timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics),
-            tokenizer_fingerprint=policy.fingerprint))
+            tokenizer_fingerprint=policy.fingerprint, receipts_span_s=span, receipts=receipts))
 
     return publish
 
@@ -265,6 +273,7 @@ def run_node(cfg: NodeConfig) -> None:
     from swarm_node import lifecycle, preflight
 
     prompt_set = preflight.check_node(cfg)
+    preflight.fit_memory(cfg, prompt_set)  # before the model loads: micro-batch and checkpointing, or refuse
     lock = lifecycle.NodeDirLock(Path(cfg.node_dir)).acquire()
     try:
         parts, start_step = build_parts(cfg, prompt_set=prompt_set)
@@ -301,10 +310,13 @@ def run_node(cfg: NodeConfig) -> None:
 
 def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
              max_new_tokens: int, progress: bool) -> dict:
-    from swarm_node.evaluate import evaluate
+    from swarm_node.evaluate import ROUND_BATCHES, evaluate
     from swarm_node.policy.checkpoint import load_weights
+    from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
+    from swarm_node.policy.vllm_engine import EngineDemand
     from swarm_node.tasks import make_reward_fn
+    from swarm_node.tasks.prompt_lengths import longest_prompt
 
     from swarm_node import preflight
     from swarm_node.policy.checkpoint import checkpoint_model_config
@@ -318,12 +330,18 @@ def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size
     policy = load_policy(model_cfg, seed=cfg.train.seed)
     if checkpoint is not None:
         load_weights(checkpoint, policy)
+    # The engine is sized for this evaluation: its longest prompt, its completion cap, its calls.
+    longest, _ = longest_prompt(policy.tokenizer, prompt_set.problems[:limit])
+    gen_cfg = cfg.generation.model_copy(update={"max_prompt_tokens": max(cfg.generation.max_prompt_tokens, longest)})
+    demand = EngineDemand(sequences=batch_size * ROUND_BATCHES, max_new_tokens=max_new_tokens)
+    generator = make_generator(policy, gen_cfg, seed=cfg.train.seed, demand=demand)
     reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
     try:
-        return evaluate(policy.model, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, device=policy.device, progress=progress)
+        return evaluate(generator, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
+                        max_new_tokens=max_new_tokens, progress=progress)
     finally:
         reward_fn.close()
+        generator.close()
 
 
 def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,

@@ -3,7 +3,7 @@
 an observer's (`seed`, `end-prompt-set`, `allow-list`, `status`, `dashboard`, `bootstrap`) are in
 `cli_operator`, registered below in `--help` order; the options they share are in `cli_common`.
 
-Every command runs under `errors.run_cli` (the `App.__call__` below), so a command added here gets
+Every command runs under `cli_common.run_cli` (the `App.__call__` below), so a command added here gets
 the same behaviour for free: signals handled from the first instant, expected failures as one
 line with exit 2 (bad input) or 1 (runtime), tracebacks only with -v, exit 130/143 on SIGINT/SIGTERM.
 """
@@ -21,9 +21,8 @@ import typer
 
 from swarm_node import __version__, cli_operator
 from swarm_node.cli_common import (ConfigOpt, NodeDirOpt, PeerOpt, SetOpt, StepsOpt, VerboseOpt, load_config,
-                                   peer_overrides, quiet_progress_bars, setup_logging)
+                                   peer_overrides, quiet_progress_bars, run_cli, setup_logging)
 from swarm_node.config import NodeConfig
-from swarm_node.errors import run_cli
 
 EXAMPLES = """
 Examples:
@@ -40,6 +39,8 @@ Examples:
 
   swarm-node status --peers --node-dir runs/a      # what node a took from each peer
 
+  swarm-node status --given runs/a -p /ip4/...     # what peers say they took from node a (receipts)
+
   swarm-node eval --checkpoint runs/solo/checkpoints/step-00000020
 
   swarm-node report runs/local-20260101-120000
@@ -47,7 +48,7 @@ Examples:
 
 
 class App(typer.Typer):
-    """A typer app whose commands all run under `errors.run_cli`."""
+    """A typer app whose commands all run under `cli_common.run_cli`."""
 
     def __call__(self, argv: list[str] | None = None) -> Any:
         """Run with `argv` (default: sys.argv[1:]); always ends in sys.exit with the command's code."""
@@ -154,10 +155,13 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None,
 
     result = run_eval(cfg, checkpoint=checkpoint, limit=limit, batch_size=batch_size,
                       max_new_tokens=max_new_tokens, progress=not as_json and sys.stderr.isatty())
+    from swarm_node.heldout_stats import wilson
+
+    lo, hi = wilson(result["correct"], result["n"]) if result["n"] else (0.0, 1.0)  # 95% interval
     if as_json:
-        print(json.dumps({k: v for k, v in result.items() if k != "records"}))
+        print(json.dumps({**{k: v for k, v in result.items() if k != "records"}, "lo": lo, "hi": hi}))
     else:
-        typer.echo(f"accuracy {result['accuracy']:.3f} ({result['correct']}/{result['n']}) "
+        typer.echo(f"accuracy {result['accuracy']:.3f} [95%: {lo:.3f}, {hi:.3f}] ({result['correct']}/{result['n']}) "
                    f"on {cfg.task.name} in {result['seconds']:.1f}s")
 
 

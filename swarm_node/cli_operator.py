@@ -2,7 +2,7 @@
 signed records), `status` and `dashboard` (watching a swarm), `bootstrap` (a DHT-only entry peer).
 
 Plain functions with typer annotations; `swarm_node.cli` registers them (`COMMANDS`) on the one app,
-so they run under the same `errors.run_cli` as every other command.
+so they run under the same `cli_common.run_cli` as every other command.
 """
 
 from __future__ import annotations
@@ -77,14 +77,22 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
            timeout: Annotated[float, typer.Option(min=1.0, help="Seconds to wait for the swarm.")] = 20.0,
            peers: Annotated[bool, typer.Option("--peers", help="Show the peer ledger of a local node (--node-dir) "
                                                "instead: what it took from and dropped of each peer.")] = False,
+           heldout: Annotated[bool, typer.Option("--heldout", help="Show the held-out trend of a local node "
+                                                 "(--node-dir) instead: each evaluation with its 95% interval and "
+                                                 "its change from the first.")] = False,
+           given: Annotated[Optional[str], typer.Option("--given", metavar="NODE_DIR|PEER_ID", help="Show what a node's "
+                                                        "groups gave the swarm instead: the receipts in peers' status "
+                                                        "records naming it (taken, trained on, filtered, dropped "
+                                                        "and why), per receiver.")] = None,
            node_dir: NodeDirOpt = None,
            verbose: VerboseOpt = False) -> None:
-    """Table of live peers from their status records (--peers: a local node's peer ledger)."""
+    """Table of live peers from their status records (--peers: a local node's peer ledger; --heldout:
+    its held-out trend; --given: the receipts peers give a node's groups)."""
     from swarm_node.errors import InputError
 
     setup_logging(verbose)
-    if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/light.py)
-        from swarm_node.swarm.light import load_light_hivemind
+    if not watch:  # one read: hivemind's DHT without torch (seconds less; see swarm/patches.py)
+        from swarm_node.swarm.patches import load_light_hivemind
 
         load_light_hivemind()
     try:
@@ -92,13 +100,23 @@ def status(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Option()
             from swarm_node.ledger_view import run_peers_status
 
             return run_peers_status(node_dir or NodeConfig().node_dir, as_json=as_json, watch=watch, interval=interval)
+        if heldout:
+            from swarm_node.heldout_view import run_heldout_status
+
+            return run_heldout_status(node_dir or NodeConfig().node_dir, as_json=as_json, watch=watch,
+                                      interval=interval)
         if not initial_peer:
             raise InputError("status needs --initial-peer", "pass the multiaddr of any node of the swarm (-p ...)")
         from swarm_node import preflight
         from swarm_node.observe import run_status
 
         preflight.check_initial_peers(initial_peer)
-        run_status(initial_peer, swarm_id, as_json=as_json, watch=watch, interval=interval, timeout=timeout)
+        if given is not None:
+            from swarm_node.given_view import run_given_status
+
+            run_given_status(initial_peer, swarm_id, given, as_json=as_json, timeout=timeout)
+        else:
+            run_status(initial_peer, swarm_id, as_json=as_json, watch=watch, interval=interval, timeout=timeout)
     except Exception as e:
         typed = describe(e)
         if as_json:  # scripts parse stdout: JSON even on failure
@@ -120,7 +138,7 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
               port: Annotated[int, typer.Option(min=0, max=65535, help="0 picks a free port.")] = 8080,
               poll_interval: Annotated[float, typer.Option(min=0.2, help="Seconds between status reads.")] = 2.0,
               node_dir: Annotated[Optional[list[Path]], typer.Option("--node-dir", help="A node directory on this "
-                                  "machine whose peer ledger the page shows (repeatable).")] = None) -> None:
+                                  "machine whose peer ledger and held-out trend the page shows (repeatable).")] = None) -> None:
     """Join as an observer (client mode, no training) and serve a web dashboard."""
     from swarm_node.observe import run_dashboard
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.messages import MAX_RECEIPTS, MAX_RECEIPTS_SPAN_S
 from swarm_node.config_swarm import SwarmConfig
 from swarm_node.toml_text import apply_override, to_toml  # noqa: F401 (apply_override: importable from here too)
 
@@ -259,7 +260,10 @@ class TrainConfig(_Section):
     total_steps: int = Field(100, ge=1, description="Steps to run (and the horizon of decaying schedules).")
     prompts_per_step: int = Field(4, ge=1, le=4096, description="Own prompts generated per step.")
     epochs_per_batch: int = Field(1, ge=1, le=16, description="Optimizer passes over one step's batch.")
-    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward pass (bounds memory).")
+    micro_batch_size: int = Field(
+        8, ge=0, description="Sequences per forward/backward pass (bounds memory). 0: the largest that fits, picked at "
+                             "start from the memory plan (`swarm-node doctor` shows it); a set value that does not fit "
+                             "is refused before the model loads.")
     pack_prompts: bool = Field(False, description="Pack several prompts' groups into one micro-batch (fewer passes: "
                                "faster for small models); false: one prompt per micro-batch, its prompt run once.")
     seed: int = Field(0, description="Seed for sampling, prompt order and initialisation of adapters.")
@@ -335,18 +339,51 @@ class CheckpointConfig(_Section):
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
 
 
+EVAL_EVERY_STEPS = 10  # eval.every_steps when unset (benchmarks/eval_cost.py measured what it costs)
+EVAL_PROBLEMS_WITH_EVERY = 64  # eval.problems when eval.every_steps is set and eval.problems is not
+
+
 class EvalConfig(_Section):
-    """Held-out evaluation the node runs itself: greedy pass@1 before its first step and after its
-    last, on problems no node trains on (`swarm_node.tasks.heldout`), logged to `NODE_DIR/evals.jsonl`."""
+    """Held-out evaluation the node runs itself: greedy pass@1 before its first step, every
+    `every_steps` steps and after its last, on problems no node trains on
+    (`swarm_node.tasks.heldout`), logged to `NODE_DIR/evals.jsonl` (heldout_eval.py)."""
 
     problems: int = Field(
         0, ge=0, le=100_000,
-        description="Held-out problems evaluated (0: no evaluation). `swarm-node local` sets 64 (--eval-problems).",
+        description="Held-out problems evaluated (0: no evaluation). `swarm-node local` sets 64 (--eval-problems); "
+                    "setting eval.every_steps without it sets 64.",
+    )
+    every_steps: int | None = Field(
+        None, ge=0, le=1_000_000,
+        description=f"Evaluate every N steps while training, besides before the first step and after the last "
+                    f"(0: only those two). Unset: {EVAL_EVERY_STEPS} when eval.problems > 0. One evaluation of 64 "
+                    "problems costs about a third of a step of the embedded default at `join`'s settings on CPU and "
+                    "about one step at `local`'s (benchmarks/eval_cost.py; README), so every 10 steps adds 3-9%.",
     )
     batch_size: int = Field(16, ge=1, le=1024, description="Prompts decoded together in one greedy batch.")
     max_new_tokens: int | None = Field(
         None, ge=1, le=32768, description="Completion cap of the evaluation (None: generation.max_new_tokens)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _problems_for_every(cls, data: Any) -> Any:
+        """eval.every_steps > 0 alone asks for evaluations: give it EVAL_PROBLEMS_WITH_EVERY problems."""
+        if isinstance(data, dict) and data.get("every_steps") and "problems" not in data:
+            return {**data, "problems": EVAL_PROBLEMS_WITH_EVERY}
+        return data
+
+    @model_validator(mode="after")
+    def _check_every(self) -> EvalConfig:
+        if self.every_steps and not self.problems:
+            raise ValueError(f"eval.every_steps={self.every_steps} needs held-out problems but eval.problems=0: "
+                             f"set eval.problems (e.g. {EVAL_PROBLEMS_WITH_EVERY}) or remove eval.every_steps")
+        return self
+
+    @property
+    def period(self) -> int:
+        """Steps between evaluations while training (0: none in between): every_steps, or its default."""
+        return EVAL_EVERY_STEPS if self.every_steps is None else self.every_steps
 
 
 class MetricsConfig(_Section):
@@ -358,6 +395,11 @@ class MetricsConfig(_Section):
     ledger_every_steps: int = Field(10, ge=1, description="Write the peer ledger every N steps (and at checkpoints).")
     prometheus_top_peers: int = Field(10, ge=0, le=100, description="Peers exported by id in the per-peer "
                                       "Prometheus metrics (most samples taken); the rest share the label `other`.")
+    receipts_span_s: float = Field(3600.0, ge=60.0, le=MAX_RECEIPTS_SPAN_S, description="Seconds the receipts in "
+                                   "this node's status record cover (what it did with each sender's groups: "
+                                   "receipts.py); at most the time since the node started.")
+    receipts_max_senders: int = Field(MAX_RECEIPTS, ge=0, le=MAX_RECEIPTS, description="Senders this node's status "
+                                      "record gives receipts for (those that gave it the most); 0: none.")
 
 
 class NodeConfig(_Section):

@@ -7,14 +7,20 @@ ledger keeps this node's own fingerprint too, so its views tell a peer of the sa
 one of another.
 
 The ledger owns the node's `Reputation`: admission reads it (`reputation`), so trust earned or lost
-survives a restart. It lives in `node_dir/peer_ledger.json`, written atomically (`atomic.py`) at
+survives a restart. It also keeps the same counts per sender over a recent span (`receipts.py`,
+`ledger.recent`: the receipts of the node's status record), and what peers' receipts say of this
+node (`note_receipts`, `given.py`): its rows show, beside what this node took from each peer, what
+that peer says it took from this node (`given`), and the file holds both. It lives in
+`node_dir/peer_ledger.json`, written atomically (`atomic.py`) at
 every checkpoint and every `metrics.ledger_every_steps` steps, and holds at most `max_peers` peers,
 least recently seen forgotten first (`metrics.ledger_max_peers`). A damaged file (not JSON, wrong
 format, values of the wrong type) is renamed aside (`peer_ledger.json.damaged-<time>`) with a
 one-line warning and the node starts with an empty ledger: it is a record, never a reason to stop.
 
-Everything a peer sends is untrusted, but none of it reaches the ledger unchecked: it counts what
-this node decided (reasons from its own checks) and what its own trainer measured.
+Everything a peer sends is untrusted, but none of it reaches the ledger's counts unchecked: they
+count what this node decided (reasons from its own checks) and what its own trainer measured. Peers'
+receipts (checked by `protocol.validate`) are kept apart, as their statements, and never change
+those counts or any peer's reputation.
 """
 
 from __future__ import annotations
@@ -29,22 +35,27 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from protocol.messages import Receipt
 from swarm_node.atomic import atomic_write_text
+from swarm_node.given import COUNTS as GIVEN_COUNTS
+from swarm_node.given import given_metrics, given_rows, given_totals
 from swarm_node.ledger_stats import (  # noqa: F401  (OTHER, RESERVOIR, Stat, quantile, top_peers: re-exported)
     MAX_FINGERPRINT_CHARS,
     OTHER,
     RESERVOIR,
     PeerRecord,
     Stat,
-    _fingerprint,
-    _list,
-    _num,
+    as_count,
+    as_fingerprint,
+    as_list,
+    as_number,
     quantile,
     row,
     sort_rows,
     top_peers,
 )
 from swarm_node.policy.types import SampleStat
+from swarm_node.receipts import DEFAULT_SPAN_S, ReceiptBook
 from swarm_node.swarm.admission import Reputation
 
 log = logging.getLogger(__name__)
@@ -60,11 +71,16 @@ class PeerLedger:
 
     def __init__(self, path: Path | None = None, max_peers: int = DEFAULT_MAX_PEERS, *,
                  reputation: Reputation | None = None, clock: Callable[[], float] = time.time,
-                 seed: int = 0, own_tokenizer: str = "") -> None:
+                 seed: int = 0, own_tokenizer: str = "", own_peer: str = "",
+                 receipts_span_s: float = DEFAULT_SPAN_S) -> None:
         if max_peers < 1:
             raise ValueError(f"max_peers must be >= 1, got {max_peers}")
         self.path = path
         self.own_tokenizer = own_tokenizer  # this node's fingerprint ("" when unknown)
+        self.own_peer = own_peer  # this node's peer id: the sender named by receipts about it
+        self.recent = ReceiptBook(receipts_span_s, clock)  # counts over the receipts span
+        self._given: list[dict[str, Any]] = []  # peers' receipts naming this node (given.given_rows)
+        self._given_at: float | None = None
         self.max_peers = max_peers
         self.reputation = reputation or Reputation()
         self.clock = clock
@@ -86,12 +102,14 @@ class PeerLedger:
                 rec.taken += 1
             else:
                 rec.dropped[reason] = rec.dropped.get(reason, 0) + 1
+            self.recent.group(peer, reason)
 
     def record_late_drop(self, peer: str, reason: str) -> None:
         """A group already counted as taken whose samples were dropped later (a non-finite step)."""
         with self._lock:
             rec = self._touch(peer)
             rec.dropped[reason] = rec.dropped.get(reason, 0) + 1
+            self.recent.late_drop(peer, reason)
 
     def record_samples(self, stats: Iterable[SampleStat]) -> None:
         """The trainer's measurements of one step's peer samples."""
@@ -101,6 +119,8 @@ class PeerLedger:
                 rec.samples += 1
                 rec.gradient += int(bool(s.gradient))
                 rec.filtered += int(bool(s.filtered))
+                rec.filtered_advantage += int(bool(s.filtered and s.filtered_advantage))
+                rec.filtered_kl += int(bool(s.filtered and s.filtered_kl))
                 rec.crosstok += int(bool(s.crosstok))
                 rec.crosstok_gradient += int(bool(s.crosstok) and bool(s.gradient))
                 rec.reward.add(float(s.reward), self._rng)
@@ -108,6 +128,25 @@ class PeerLedger:
                     rec.kl.add(float(s.kl), self._rng)
                 if s.is_weight is not None:
                     rec.is_weight.add(float(s.is_weight), self._rng)
+                self.recent.sample(s)
+
+    def receipts(self, max_senders: int) -> tuple[float, tuple[Receipt, ...]]:
+        """(span in seconds, receipts) for this node's status record (`receipts.ReceiptBook.receipts`)."""
+        with self._lock:
+            return self.recent.receipts(max_senders)
+
+    def note_receipts(self, statuses: Iterable[Any]) -> None:
+        """Keep what the receipts in peers' status records (already checked) say of this node."""
+        rows = given_rows(statuses, self.own_peer) if self.own_peer else []
+        with self._lock:
+            self._given, self._given_at = rows, self.clock()
+
+    def given_metrics(self) -> dict[str, float]:
+        """This node's `given_*` metrics from the receipts last noted ({} before the first read)."""
+        with self._lock:
+            if self._given_at is None:
+                return {}
+            return given_metrics(given_totals(self._given), max(0.0, self.clock() - self._given_at))
 
     def _touch(self, peer: str) -> PeerRecord:
         now = self.clock()
@@ -132,20 +171,24 @@ class PeerLedger:
             return peer in self._peers
 
     def rows(self) -> list[dict[str, Any]]:
-        """One flat row per peer, most samples taken first (see `row`)."""
+        """One flat row per peer, most samples taken first (see `row`), with what the peer's receipt
+        says of this node (`given`: None without one; a receiver this ledger has not seen gets a row)."""
         good, faults = dict(self.reputation.good), dict(self.reputation.faults)
         with self._lock:
             rows = [row(p, r.to_json(), good.get(p, 0.0), faults.get(p, 0.0), self.own_tokenizer)
                     for p, r in self._peers.items()]
-        return sort_rows(rows)
+            given = list(self._given)
+        return join_given(sort_rows(rows), given, self.own_tokenizer)
 
     def to_json(self) -> dict[str, Any]:
         good, faults = dict(self.reputation.good), dict(self.reputation.faults)
         with self._lock:
             peers = [{"peer_id": p, **r.to_json(), "reputation": {"good": good.get(p, 0.0), "faults": faults.get(p, 0.0)}}
                      for p, r in self._peers.items()]
+            given, given_at = list(self._given), self._given_at
         return {"format": FORMAT, "saved_at": self.clock(), "max_peers": self.max_peers,
-                "tokenizer": self.own_tokenizer, "peers": peers}
+                "tokenizer": self.own_tokenizer, "peer_id": self.own_peer, "peers": peers,
+                "given": given, "given_at": given_at}
 
     # ---- persistence -------------------------------------------------------------------------
 
@@ -156,9 +199,12 @@ class PeerLedger:
 
     @classmethod
     def open(cls, path: Path, max_peers: int = DEFAULT_MAX_PEERS, *, clock: Callable[[], float] = time.time,
-             reputation: Reputation | None = None, own_tokenizer: str = "") -> PeerLedger:
-        """The ledger kept at `path` (empty if there is none, or if it is damaged: see `read_file`)."""
-        ledger = cls(path, max_peers, clock=clock, reputation=reputation, own_tokenizer=own_tokenizer)
+             reputation: Reputation | None = None, own_tokenizer: str = "", own_peer: str = "",
+             receipts_span_s: float = DEFAULT_SPAN_S) -> PeerLedger:
+        """The ledger kept at `path` (empty if there is none, or if it is damaged: see `read_file`).
+        The receipts' span starts anew (their counts are not kept in the file)."""
+        ledger = cls(path, max_peers, clock=clock, reputation=reputation, own_tokenizer=own_tokenizer,
+                     own_peer=own_peer, receipts_span_s=receipts_span_s)
         data = read_file(path)
         if data is not None:
             for peer, rec, good, faults in data[-max_peers:]:
@@ -178,13 +224,14 @@ def parse(data: Any) -> list[tuple[str, PeerRecord, float, float]]:
     if data.get("format") != FORMAT:
         raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
     out, seen = [], set()
-    for p in _list(data["peers"]):
+    for p in as_list(data["peers"]):
         peer = p["peer_id"]
         if not isinstance(peer, str) or not peer or peer in seen:
             raise ValueError(f"bad or repeated peer id {peer!r}")
         seen.add(peer)
         rep = p["reputation"]
-        out.append((peer, PeerRecord.from_json(p), max(0.0, _num(rep["good"])), max(0.0, _num(rep["faults"]))))
+        good, faults = max(0.0, as_number(rep["good"])), max(0.0, as_number(rep["faults"]))
+        out.append((peer, PeerRecord.from_json(p), good, faults))
     return out
 
 
@@ -223,7 +270,37 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     try:
         data = json.loads(text)
         peers = parse(data)
-        own = _fingerprint(data.get("tokenizer", ""))
+        own = as_fingerprint(data.get("tokenizer", ""))
+        given = [_given_row(g) for g in as_list(data.get("given", []))]
     except (KeyError, TypeError) as e:
         raise ValueError(f"missing or mistyped field {e}") from e
-    return sort_rows([row(p, r.to_json(), good, faults, own) for p, r, good, faults in peers])
+    return join_given(sort_rows([row(p, r.to_json(), good, faults, own) for p, r, good, faults in peers]), given, own)
+
+
+def own_peer_id(path: Path) -> str:
+    """The peer id of the node whose ledger file is at `path` ("" when the file does not name it)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    peer = data.get("peer_id", "") if isinstance(data, dict) else ""
+    return peer if isinstance(peer, str) else ""
+
+
+def join_given(rows: list[dict[str, Any]], given: list[dict[str, Any]], own_tokenizer: str) -> list[dict[str, Any]]:
+    """`rows` with each peer's `given` (what its receipt says of this node, None without one); a
+    receiver without a row of its own gets an empty one, after the others."""
+    by_receiver = {g["receiver"]: g for g in given}
+    out = [{**r, "given": by_receiver.pop(r["peer_id"], None)} for r in rows]
+    for receiver, g in sorted(by_receiver.items()):
+        empty = PeerRecord(first_seen=g["timestamp"], last_seen=g["timestamp"]).to_json()
+        out.append({**row(receiver, empty, 0.0, 0.0, own_tokenizer), "given": g})
+    return out
+
+
+def _given_row(g: Any) -> dict[str, Any]:
+    """One `given` row of a ledger file, checked (TypeError, KeyError or ValueError otherwise)."""
+    if not (isinstance(g, dict) and isinstance(g.get("receiver"), str) and isinstance(g.get("dropped_by_reason"), dict)):
+        raise TypeError("a given row is not an object with a receiver and its drops")
+    for k in (*GIVEN_COUNTS, "dropped"):
+        as_count(g[k])
+    as_number(g["timestamp"])
+    as_number(g["span_s"])
+    return g

@@ -10,7 +10,8 @@ was first and last seen (wall-clock seconds). Across tokenizers: the peer's toke
 (from its groups: the last one named), and how many of its samples came from another tokenizer
 than this node's (re-tokenized, `swarm_node.crosstok`) and how many of those carried gradient.
 
-`row` flattens one peer's record (its JSON form) into counts, shares, statistic summaries and
+Filtered samples are also counted by the filter condition they met (advantage, KL; a sample may
+meet both). `row` flattens one peer's record (its JSON form) into counts, shares, statistic summaries and
 reputation; `top_peers` keeps the first K rows and sums the rest into one `OTHER` row. A record's
 JSON form is checked field by field when read back (`from_json`). The ledger that records into
 these, and its file, are `ledger.py`.
@@ -79,7 +80,8 @@ class Stat:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Stat:
-        count, total, res = _int(d["count"]), _num(d["sum"]), [_num(v) for v in _list(d["reservoir"])]
+        count, total = as_count(d["count"]), as_number(d["sum"])
+        res = [as_number(v) for v in as_list(d["reservoir"])]
         if len(res) > min(count, RESERVOIR):
             raise ValueError(f"a reservoir of {len(res)} values for a count of {count}")
         return cls(count, total, res)
@@ -97,6 +99,8 @@ class PeerRecord:
     samples: int = 0
     gradient: int = 0
     filtered: int = 0
+    filtered_advantage: int = 0  # filtered samples with a non-positive advantage
+    filtered_kl: int = 0  # filtered samples whose KL exceeded g (a sample may count in both)
     reward: Stat = field(default_factory=Stat)
     kl: Stat = field(default_factory=Stat)
     is_weight: Stat = field(default_factory=Stat)
@@ -107,7 +111,8 @@ class PeerRecord:
     def to_json(self) -> dict[str, Any]:
         return {"first_seen": self.first_seen, "last_seen": self.last_seen, "offered": self.offered,
                 "taken": self.taken, "dropped": dict(sorted(self.dropped.items())), "samples": self.samples,
-                "gradient": self.gradient, "filtered": self.filtered, "reward": self.reward.to_json(),
+                "gradient": self.gradient, "filtered": self.filtered, "filtered_advantage": self.filtered_advantage,
+                "filtered_kl": self.filtered_kl, "reward": self.reward.to_json(),
                 "kl": self.kl.to_json(), "is_weight": self.is_weight.to_json(), "tokenizer": self.tokenizer,
                 "crosstok": self.crosstok, "crosstok_gradient": self.crosstok_gradient}
 
@@ -116,12 +121,15 @@ class PeerRecord:
         dropped = d["dropped"]
         if not isinstance(dropped, dict):
             raise ValueError("dropped is not an object")
-        return cls(first_seen=_num(d["first_seen"]), last_seen=_num(d["last_seen"]), offered=_int(d["offered"]),
-                   taken=_int(d["taken"]), dropped={str(k): _int(v) for k, v in dropped.items()},
-                   samples=_int(d["samples"]), gradient=_int(d["gradient"]), filtered=_int(d["filtered"]),
+        return cls(first_seen=as_number(d["first_seen"]), last_seen=as_number(d["last_seen"]),
+                   offered=as_count(d["offered"]), taken=as_count(d["taken"]),
+                   dropped={str(k): as_count(v) for k, v in dropped.items()},
+                   samples=as_count(d["samples"]), gradient=as_count(d["gradient"]), filtered=as_count(d["filtered"]),
+                   filtered_advantage=as_count(d.get("filtered_advantage", 0)),
+                   filtered_kl=as_count(d.get("filtered_kl", 0)),
                    reward=Stat.from_json(d["reward"]), kl=Stat.from_json(d["kl"]),
-                   is_weight=Stat.from_json(d["is_weight"]), tokenizer=_fingerprint(d.get("tokenizer", "")),
-                   crosstok=_int(d.get("crosstok", 0)), crosstok_gradient=_int(d.get("crosstok_gradient", 0)))
+                   is_weight=Stat.from_json(d["is_weight"]), tokenizer=as_fingerprint(d.get("tokenizer", "")),
+                   crosstok=as_count(d.get("crosstok", 0)), crosstok_gradient=as_count(d.get("crosstok_gradient", 0)))
 
 
 def row(peer: str, rec: Mapping[str, Any], good: float, faults: float, own_tokenizer: str = "") -> dict[str, Any]:
@@ -136,6 +144,7 @@ def row(peer: str, rec: Mapping[str, Any], good: float, faults: float, own_token
         "offered": rec["offered"], "taken": rec["taken"], "dropped": sum(rec["dropped"].values()),
         "dropped_by_reason": dict(rec["dropped"]), "samples": samples, "gradient": rec["gradient"],
         "filtered": rec["filtered"], "filtered_share": rec["filtered"] / samples if samples else 0.0,
+        "filtered_advantage": rec.get("filtered_advantage", 0), "filtered_kl": rec.get("filtered_kl", 0),
         "gradient_share": rec["gradient"] / samples if samples else 0.0,
         "reward": stats["reward"], "kl": stats["kl"], "is_weight": stats["is_weight"],
         "reputation": {"good": good, "faults": faults, "weight": rep.weight(peer), "excluded": rep.excluded(peer)},
@@ -158,7 +167,8 @@ def top_peers(rows: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     if not rest:
         return top
     other: dict[str, Any] = {"peer_id": OTHER, "peers": len(rest)}
-    for key in ("offered", "taken", "dropped", "samples", "gradient", "filtered", "crosstok", "crosstok_gradient"):
+    for key in ("offered", "taken", "dropped", "samples", "gradient", "filtered", "filtered_advantage", "filtered_kl",
+                "crosstok", "crosstok_gradient"):
         other[key] = sum(r[key] for r in rest)
     for name in ("reward", "kl", "is_weight"):
         count = sum(r[name]["count"] for r in rest)
@@ -169,25 +179,29 @@ def top_peers(rows: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     return [*top, other]
 
 
-def _num(v: Any) -> float:
+def as_number(v: Any) -> float:
+    """`v` as a float; ValueError unless it is a finite number (a bool is not one)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise ValueError(f"expected a finite number, got {v!r}")
     return float(v)
 
 
-def _int(v: Any) -> int:
+def as_count(v: Any) -> int:
+    """`v` as a count; ValueError unless it is a non-negative int."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"expected a count, got {v!r}")
     return v
 
 
-def _fingerprint(v: Any) -> str:
+def as_fingerprint(v: Any) -> str:
+    """`v` as a tokenizer fingerprint; ValueError unless a str of at most MAX_FINGERPRINT_CHARS."""
     if not isinstance(v, str) or len(v) > MAX_FINGERPRINT_CHARS:
         raise ValueError(f"expected a tokenizer fingerprint, got {str(v)[:40]!r}")
     return v
 
 
-def _list(v: Any) -> list:
+def as_list(v: Any) -> list:
+    """`v` itself; ValueError unless it is a list."""
     if not isinstance(v, list):
         raise ValueError(f"expected a list, got {type(v).__name__}")
     return v

@@ -54,6 +54,13 @@ def tokenizer_cell(r: dict[str, Any]) -> str:
     return r["tokenizer_label"] if same is None else f"{r['tokenizer_label']} {'same' if same else 'other'}"
 
 
+def given_cell(r: dict[str, Any]) -> str:
+    """What the peer's receipt says it did with this node's groups: 'groups taken (samples with
+    gradient)', '-' without a receipt (`status --given` shows them in full)."""
+    g = r.get("given")
+    return f"{g['taken']} ({g['gradient']})" if g else "-"
+
+
 def crosstok_cell(r: dict[str, Any]) -> str:
     """Samples from another tokenizer and the share of them that carried gradient ('0' when none)."""
     return f"{r['crosstok']} ({r['crosstok_gradient_share']:.2f})" if r.get("crosstok") else "0"
@@ -61,13 +68,14 @@ def crosstok_cell(r: dict[str, Any]) -> str:
 
 def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "") -> Table:
     """One line per peer: groups taken / offered, drops (top reason), its tokenizer (same as this
-    node's or other), samples trained on, the shares that carried gradient and were filtered,
+    node's or other), samples trained on, the shares that carried gradient and were filtered, what
+    its receipt says it took of this node's groups (groups, and samples with gradient there),
     samples from another tokenizer (and their share with gradient), KL and IS weight (mean / p90),
     mean reward, reputation weight (or `excluded`), and when it was last seen."""
     table = Table(title=title or f"peer ledger: {len(rows)} peers", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("peer", "taken/offered", "dropped (top)", "tokenizer", "samples", "grad", "filt", "xtok (grad)",
-                "kl mean/p90", "w mean/p90", "reward", "rep", "seen"):
+    for col in ("peer", "taken/offered", "dropped (top)", "tokenizer", "samples", "grad", "filt", "ours there (grad)",
+                "xtok (grad)", "kl mean/p90", "w mean/p90", "reward", "rep", "seen"):
         table.add_column(col, justify="left" if col in ("peer", "dropped (top)", "tokenizer") else "right", no_wrap=True)
     for r in rows:
         reasons = r["dropped_by_reason"]
@@ -77,7 +85,7 @@ def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "
             r["peer_id"][:14] + ("…" if len(r["peer_id"]) > 14 else ""), f"{r['taken']}/{r['offered']}",
             f"{r['dropped']} ({top})" if top else str(r["dropped"]), tokenizer_cell(r), str(samples),
             _fmt(r["gradient_share"] if samples else None, ".2f"), _fmt(r["filtered_share"] if samples else None, ".2f"),
-            crosstok_cell(r),
+            given_cell(r), crosstok_cell(r),
             _pair(r["kl"], ".3g"), _pair(r["is_weight"], ".3f"),
             _fmt(r["reward"]["mean"] if r["reward"]["count"] else None, ".3f"),
             "excluded" if rep["excluded"] else f"{rep['weight']:.2f}", f"{max(0.0, now - r['last_seen']):.0f}s ago",

@@ -1,7 +1,8 @@
 """The node's step loop and its supervised lifecycle. No math and no wire details live here:
 the objective is in `objective.py` (via the trainer), the wire format in `protocol/`, the
 conversion between the two in `own_rollouts.py` (own groups) and `rollouts.py` (peers'), and every
-external dependency arrives built, in `NodeParts`, so a unit test can run the whole loop with fakes.
+external dependency arrives built, in `NodeParts` (`parts.py`: a Protocol for each), so a unit test
+can run the whole loop with fakes.
 
 One step: choose prompts -> generate groups -> publish -> gather peers' groups (started in the
 background at the beginning of the step, so the network overlaps generation) -> train on own plus
@@ -9,7 +10,7 @@ peer samples -> push weights to the generator -> status record, metrics -> check
 
 Prompts (`_choose_problems`): a node exchanging with peers follows the protocol's prompt binding
 (`swarm.binding`): its k-th step started in DHT time window w answers slot k of w
-(`tasks.window_prompts`), its groups carry the step's start time as `created_at` and are
+(`protocol.binding.window_prompts`), its groups carry the step's start time as `created_at` and are
 published only for k < `swarm.slots_per_window`; a node training alone takes its prompts by step.
 """
 
@@ -20,48 +21,21 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from swarm_node import own_rollouts, rollouts
-from swarm_node.config import NodeConfig
+from protocol.binding import select_prompts, window_prompts
+from swarm_node import metric_names as m
+from swarm_node import heldout_eval, own_rollouts, rollouts
 from swarm_node.health import HealthTracker
-from swarm_node.policy.types import Generator
-from swarm_node.tasks import select_prompts, window_prompts
-from swarm_node.tasks.base import PromptSet, RewardFn
+from swarm_node.parts import NodeParts, PeerExchange
+from swarm_node.tasks.base import Problem
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class NodeParts:
-    """Everything a node uses, built outside the loop (see `assemble.build_parts`)."""
-
-    config: NodeConfig
-    policy: Any  # swarm_node.policy.models.Policy
-    generator: Generator
-    trainer: Any  # swarm_node.policy.trainer.Trainer
-    prompt_set: PromptSet
-    reward_fn: RewardFn
-    peer_id: str
-    exchange: Any | None = None  # swarm_node.swarm.exchange.RolloutExchange; None: train alone
-    dht_time: Callable[[], float] = time.time
-    sinks: list[Callable[[dict[str, float]], None]] = field(default_factory=list)
-    save_checkpoint: Callable[[dict[str, Any]], None] | None = None
-    close_hooks: list[Callable[[], None]] = field(default_factory=list)
-    rejects: Any | None = None  # swarm_node.rejects.RejectList: peer records refused for good
-    ledger: Any | None = None  # swarm_node.ledger.PeerLedger: per-peer counts, statistics, reputation
-    evaluate: Callable[[int], Any] | None = None  # held-out evaluation at a step (heldout_eval.py)
-    # Prompts by window slot (the binding) rather than by step; None: when exchanging with peers.
-    # The lockstep harness sets it for every arm, so isolated and swarm arms share a prompt order.
-    window_prompts: bool | None = None
-    # Keeps the seeded prompt set's records alive (swarm/prompt_keeper.py, its own thread); None: none.
-    prompt_keeper: Any | None = None
-    # Logprob spot-checks of peers' groups (swarm_node/spotcheck.py); None: none.
-    spot_checker: Any | None = None
+# The gather of a step's peer groups, running beside generation (`Node.start_gather`).
+Gathering = Future[tuple[rollouts.PeerBatch, Counter[str]]]
 
 
 @dataclass
@@ -69,7 +43,7 @@ class StepRollout:
     """The first half of a step (`Node.generate_step`): this node's own groups, scored and published."""
 
     window: int
-    problems: list
+    problems: list[Problem]
     own: own_rollouts.OwnBatch
     started: float  # perf_counter at the start of the step
     gen_seconds: float
@@ -93,6 +67,9 @@ class Node:
         self._last_republish = time.monotonic()
         self._slot_window, self._slot = -1, -1  # the window of the last step and its slot there
         self._warned_stale = False
+        self._eval_end: int | None = None  # the last step of the current run(): evaluated after it
+        # the latest held-out evaluation (a resumed node: its last row up to the step it resumed at)
+        self._eval_metrics = heldout_eval.latest_metrics(self.cfg.node_dir, start_step) if parts.evaluate is not None else {}
         self.history: list[dict[str, float]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -106,19 +83,30 @@ class Node:
         return self._stop.is_set()
 
     def run(self, max_steps: int | None = None) -> None:
-        """Run up to `max_steps` more steps (default: until train.total_steps)."""
+        """Run up to `max_steps` more steps (default: until train.total_steps). With a held-out
+        evaluator: before step 1, then after every eval.every_steps-th step and after the last
+        (`_heldout_metrics`); a stopped node leaves without evaluating."""
         end = self.cfg.train.total_steps if max_steps is None else self.step + max_steps
-        evaluate = self.parts.evaluate
+        self._eval_end = end
         try:
-            start = self.step
-            if evaluate is not None and start == 0 and start < end:
-                evaluate(0)  # before any training (a resumed node has its step-0 row already)
+            if self.parts.evaluate is not None and self.step == 0 < end:
+                self._evaluate(0)  # before any training (a resumed node has its step-0 row already)
             while self.step < end and not self._stop.is_set():
                 self.run_step()
-            if evaluate is not None and self.step > start and self.step >= end and not self._stop.is_set():
-                evaluate(self.step)  # after the last step; a stopped node leaves without it
         finally:
             self._shutdown()
+
+    def _evaluate(self, step: int) -> None:
+        assert self.parts.evaluate is not None
+        self._eval_metrics = heldout_eval.eval_metrics(self.parts.evaluate(step))
+
+    def _heldout_metrics(self) -> dict[str, float]:
+        """The latest held-out evaluation as step metrics, evaluating first when one is due after
+        this step (heldout_eval.due); its time is not part of the step's step_seconds."""
+        if (self.parts.evaluate is not None and not self._stop.is_set()
+                and heldout_eval.due(self.step, self.cfg.eval.period, self._eval_end)):
+            self._evaluate(self.step)
+        return self._eval_metrics
 
     def _shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -172,10 +160,10 @@ class Node:
             if self._publishable(window):
                 groups = own_rollouts.to_wire_groups(parts, problems, completions, own, self.step, started_at)
                 bytes_per_token = parts.exchange.publish_groups(groups, window)
-            self._republish_if_due(window)
+            self._republish_if_due(parts.exchange, window)
         return StepRollout(window, problems, own, t0, gen_seconds, time.perf_counter() - t_pub, bytes_per_token)
 
-    def train_step(self, rollout: StepRollout, gathering: Future | None) -> dict[str, float]:
+    def train_step(self, rollout: StepRollout, gathering: Gathering | None) -> dict[str, float]:
         """The second half of a step: wait for peers' groups (`start_gather`), train, log, checkpoint."""
         cfg, parts, own = self.cfg, self.parts, rollout.own
         t_gather = time.perf_counter()
@@ -185,45 +173,25 @@ class Node:
 
         t_train = time.perf_counter()
         train_metrics = parts.trainer.step(samples)
-        step_drops.update(rollouts.remember_poisoned(parts, getattr(parts.trainer, "poisoned", ())))
+        step_drops.update(rollouts.remember_poisoned(parts, parts.trainer.poisoned))
         keeper_metrics: dict[str, float] = {}
         if parts.prompt_keeper is not None:  # raises here if the keeper's thread failed
             keeper_metrics = parts.prompt_keeper.step_metrics()
             step_drops.update(parts.prompt_keeper.take_drops())
         if parts.ledger is not None:
-            parts.ledger.record_samples(getattr(parts.trainer, "peer_sample_stats", ()))
+            parts.ledger.record_samples(parts.trainer.peer_sample_stats)
         self._drops.update(step_drops)
         train_seconds = time.perf_counter() - t_train
         parts.generator.sync_weights(parts.policy.model)
         self.step += 1
 
-        n_tokens = sum(len(s.completion_ids) for s in own.samples)
         now = parts.dht_time()
-        gen_seconds = rollout.gen_seconds
-        metrics: dict[str, float] = {
-            **{k: float(v) for k, v in train_metrics.items()},
-            "step": float(self.step),
-            "time": now,
-            "reward_mean": own.reward_mean,
-            "accuracy": own.accuracy,
-            "mixed_groups": own.mixed_fraction,
-            "own_samples": float(len(own.samples)),
-            "peer_samples": float(len(peer.samples)),
-            "peer_groups": float(peer.groups),
-            "tokens_per_s": n_tokens / gen_seconds if gen_seconds > 0 else 0.0,
-            "gen_seconds": gen_seconds,
-            "train_seconds": train_seconds,
-            "step_seconds": time.perf_counter() - rollout.started,
-            "bytes_per_token": float(rollout.bytes_per_token or 0.0),
-            "text_groups": float(own.text_groups),
-            "text_withheld": float(own.text_withheld),
-            "peer_reward_seconds": peer.verify_seconds,
-            **peer.spot_metrics,
-            **({"peer_newest_age_s": now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
-            **keeper_metrics,
-            **self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,
-                                       gather_seconds=gather_seconds, peer_groups=peer.groups),
-        }
+        given = parts.ledger.given_metrics() if parts.ledger is not None else {}  # receipts naming this node
+        metrics = m.merge(train_metrics, self._node_metrics(rollout, peer, train_seconds, now), peer.spot_metrics,
+                          keeper_metrics, given,
+                          self.health.step_metrics(step_drops, publish_seconds=rollout.publish_seconds,
+                                                   gather_seconds=gather_seconds, peer_groups=peer.groups))
+        metrics = m.merge(metrics, self._heldout_metrics())
         self.history.append(metrics)
         for sink in parts.sinks:
             sink(metrics)
@@ -233,16 +201,39 @@ class Node:
             self.save_ledger()
         log.info("step %d reward %.3f acc %.3f own %d peer %d loss %.4f (%.1fs)", self.step,
                  own.reward_mean, own.accuracy, len(own.samples), len(peer.samples),
-                 metrics.get("loss", 0.0), metrics["step_seconds"])
+                 metrics.get(m.LOSS, 0.0), metrics[m.STEP_SECONDS])
         return metrics
 
-    def _republish_if_due(self, window: int) -> None:
+    def _node_metrics(self, rollout: StepRollout, peer: rollouts.PeerBatch, train_seconds: float,
+                      now: float) -> dict[str, float]:
+        """What the loop itself measures of a step (the trainer reports the batch it trained on:
+        own_samples, peer_samples, reward_mean, ...; the gather its spot-checks; health the network)."""
+        own, gen_seconds = rollout.own, rollout.gen_seconds
+        n_tokens = sum(len(s.completion_ids) for s in own.samples)
+        return {
+            m.STEP: float(self.step),
+            m.TIME: now,
+            m.ACCURACY: own.accuracy,
+            m.MIXED_GROUPS: own.mixed_fraction,
+            m.PEER_GROUPS: float(peer.groups),
+            m.TOKENS_PER_S: n_tokens / gen_seconds if gen_seconds > 0 else 0.0,
+            m.GEN_SECONDS: gen_seconds,
+            m.TRAIN_SECONDS: train_seconds,
+            m.STEP_SECONDS: time.perf_counter() - rollout.started,
+            m.BYTES_PER_TOKEN: float(rollout.bytes_per_token or 0.0),
+            m.TEXT_GROUPS: float(own.text_groups),
+            m.TEXT_WITHHELD: float(own.text_withheld),
+            m.PEER_REWARD_SECONDS: peer.verify_seconds,
+            **({m.PEER_NEWEST_AGE_S: now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
+        }
+
+    def _republish_if_due(self, exchange: PeerExchange, window: int) -> None:
         """Records expire after record_ttl_s: re-store the ones peers may still fetch."""
         if time.monotonic() - self._last_republish >= self.cfg.swarm.record_ttl_s / 3:
-            self.parts.exchange.republish(window, self.cfg.swarm.staleness_steps)
+            exchange.republish(window, self.cfg.swarm.staleness_steps)
             self._last_republish = time.monotonic()
 
-    def _choose_problems(self, window: int, slot: int) -> list:
+    def _choose_problems(self, window: int, slot: int) -> list[Problem]:
         cfg, ps = self.cfg, self.parts.prompt_set
         n = min(cfg.train.prompts_per_step, len(ps))
         by_window = self.parts.window_prompts
@@ -273,7 +264,7 @@ class Node:
             return False
         return True
 
-    def start_gather(self, window: int) -> Future | None:
+    def start_gather(self, window: int) -> Gathering | None:
         """Fetch peers' groups of `window` (and the staleness windows before it) in the background."""
         cfg, exchange = self.cfg, self.parts.exchange
         if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
@@ -282,7 +273,7 @@ class Node:
         return self._pool.submit(rollouts.gather_peer_samples, self.parts, window, own_groups,
                                  self._rng.getrandbits(64), self.step)
 
-    def _finish_gather(self, gathering: Future | None, own: own_rollouts.OwnBatch,
+    def _finish_gather(self, gathering: Gathering | None, own: own_rollouts.OwnBatch,
                        problems: list) -> tuple[rollouts.PeerBatch, Counter[str]]:
         if gathering is None:
             return rollouts.PeerBatch(), Counter()

@@ -338,6 +338,8 @@ def _stats(
         kl_is_peer=inputs.is_peer.clone(),
         filtered_flags=filtered.clone(),
         gradient_flags=adv != 0,
+        advantage_flags=bad_adv.clone(),
+        kl_flags=bad_kl.clone(),
     )
 
 

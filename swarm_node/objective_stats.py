@@ -1,5 +1,5 @@
 """Statistics of the objective (`objective_loss` returns them): sums and counts that merge exactly
-across micro-batches, and their flat metrics (`swarm_node.metrics` names them)."""
+across micro-batches, and their flat metrics (names: `swarm_node.metric_names`)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from swarm_node import metric_names as m
+
 QUANTILES = (0.5, 0.9, 0.99)
 _PER_SAMPLE = ("kl_values", "kl_k3_gen_values", "kl_k3_theta_values", "rho_values", "kl_is_peer",
-               "filtered_flags", "gradient_flags")  # concatenated by merge
-_FLAGS = ("kl_is_peer", "filtered_flags", "gradient_flags")  # the bool ones
+               "filtered_flags", "gradient_flags", "advantage_flags", "kl_flags")  # concatenated by merge
+_FLAGS = ("kl_is_peer", "filtered_flags", "gradient_flags", "advantage_flags", "kl_flags")  # the bool ones
 _MAXIMA = ("rho_max", "rho_peer_max")  # merged by max
 
 
@@ -37,8 +39,8 @@ class ObjectiveStats:
     count this node's tokens, each carrying its chunk's weight (rho of the chunk); their KL values
     are over chunks (`mean`: per chunk).
     Per scored sample, in the order of the calls merged, are also kept its mean rho, whether the
-    rule dropped it and whether it can carry gradient: the trainer attributes them to the sample's
-    sender (`Trainer.peer_sample_stats`, the peer ledger).
+    rule dropped it, whether it can carry gradient and which filter conditions it met: the trainer
+    attributes them to the sample's sender (`Trainer.peer_sample_stats`, the peer ledger, receipts).
     """
 
     n_samples: Tensor
@@ -67,6 +69,8 @@ class ObjectiveStats:
     kl_is_peer: Tensor  # [n_samples] bool
     filtered_flags: Tensor  # [n_samples] bool, dropped by the filter rule
     gradient_flags: Tensor  # [n_samples] bool, A' != 0 (can carry gradient)
+    advantage_flags: Tensor  # [n_samples] bool, in the filter scope with A <= 0 (the advantage condition)
+    kl_flags: Tensor  # [n_samples] bool, in the filter scope with KL > g (the KL condition)
 
     @classmethod
     def empty(cls) -> ObjectiveStats:
@@ -92,10 +96,12 @@ class ObjectiveStats:
             setattr(self, f.name, merged)
         return self
 
-    def per_sample(self) -> list[tuple[float, float, bool, bool]]:
-        """(KL, mean rho, filtered, can carry gradient) of every scored sample, in merge order."""
+    def per_sample(self) -> list[tuple[float, float, bool, bool, bool, bool]]:
+        """(KL, mean rho, filtered, can carry gradient, advantage condition, KL condition) of every
+        scored sample, in merge order."""
         return list(zip(self.kl_values.detach().cpu().tolist(), self.rho_values.detach().cpu().tolist(),
-                        self.filtered_flags.cpu().tolist(), self.gradient_flags.cpu().tolist(), strict=True))
+                        self.filtered_flags.cpu().tolist(), self.gradient_flags.cpu().tolist(),
+                        self.advantage_flags.cpu().tolist(), self.kl_flags.cpu().tolist(), strict=True))
 
     def to_dict(self) -> dict[str, float]:
         """Flat metrics (host floats). Fractions are of samples or of valid tokens; empty -> 0."""
@@ -104,40 +110,41 @@ class ObjectiveStats:
 
         n, tok, peer_tok = self.n_samples, self.n_tokens, self.n_peer_tokens
         out = {
-            "samples": float(n),
-            "peer_samples": float(self.n_peer_samples),
-            "peer_samples_used": float(self.n_peer_samples - self.n_peer_filtered),
-            "peer_samples_gradient": float(self.n_peer_gradient),
-            "filtered": float(self.n_filtered),
-            "filtered_fraction": frac(self.n_filtered, n),
-            "filtered_nonpositive_advantage": float(self.n_filtered_nonpositive_advantage),
-            "filtered_nonpositive_advantage_fraction": frac(self.n_filtered_nonpositive_advantage, n),
-            "filtered_kl": float(self.n_filtered_kl),
-            "filtered_kl_fraction": frac(self.n_filtered_kl, n),
-            "tokens": float(tok),
-            "active_tokens": float(self.n_active_tokens),
-            "is_weight_mean": frac(self.rho_sum, tok),
-            "is_weight_max": float(self.rho_max) if float(tok) > 0 else 0.0,
-            "truncated_fraction": frac(self.n_truncated, tok),
-            "peer_tokens": float(peer_tok),
-            "is_weight_peer_mean": frac(self.rho_peer_sum, peer_tok),
-            "is_weight_peer_max": float(self.rho_peer_max) if float(peer_tok) > 0 else 0.0,
-            "truncated_peer_fraction": frac(self.n_peer_truncated, peer_tok),
-            "clipped_fraction": frac(self.n_clipped, tok),
-            "ess": frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
+            m.SAMPLES: float(n),
+            m.PEER_SAMPLES: float(self.n_peer_samples),
+            m.PEER_SAMPLES_USED: float(self.n_peer_samples - self.n_peer_filtered),
+            m.PEER_SAMPLES_GRADIENT: float(self.n_peer_gradient),
+            m.FILTERED: float(self.n_filtered),
+            m.FILTERED_FRACTION: frac(self.n_filtered, n),
+            m.FILTERED_NONPOSITIVE_ADVANTAGE: float(self.n_filtered_nonpositive_advantage),
+            m.FILTERED_NONPOSITIVE_ADVANTAGE_FRACTION: frac(self.n_filtered_nonpositive_advantage, n),
+            m.FILTERED_KL: float(self.n_filtered_kl),
+            m.FILTERED_KL_FRACTION: frac(self.n_filtered_kl, n),
+            m.TOKENS: float(tok),
+            m.ACTIVE_TOKENS: float(self.n_active_tokens),
+            m.IS_WEIGHT_MEAN: frac(self.rho_sum, tok),
+            m.IS_WEIGHT_MAX: float(self.rho_max) if float(tok) > 0 else 0.0,
+            m.TRUNCATED_FRACTION: frac(self.n_truncated, tok),
+            m.PEER_TOKENS: float(peer_tok),
+            m.IS_WEIGHT_PEER_MEAN: frac(self.rho_peer_sum, peer_tok),
+            m.IS_WEIGHT_PEER_MAX: float(self.rho_peer_max) if float(peer_tok) > 0 else 0.0,
+            m.TRUNCATED_PEER_FRACTION: frac(self.n_peer_truncated, peer_tok),
+            m.CLIPPED_FRACTION: frac(self.n_clipped, tok),
+            m.ESS: frac(self.w_sum * self.w_sum, self.w_sq_sum * tok),
         }
         values = self.kl_values.detach().cpu()
         peer = self.kl_is_peer.cpu()
-        out.update(_distribution("kl", values))
-        out.update(_distribution("kl_peer", values[peer]))
-        out.update(_distribution("kl_peer_k3_gen", self.kl_k3_gen_values.detach().cpu()[peer]))
-        out.update(_distribution("kl_peer_k3_theta", self.kl_k3_theta_values.detach().cpu()[peer]))
+        out.update(_distribution(m.KL_DISTRIBUTION, values))
+        out.update(_distribution(m.KL_PEER_DISTRIBUTION, values[peer]))
+        out.update(_distribution(m.KL_PEER_K3_GEN_DISTRIBUTION, self.kl_k3_gen_values.detach().cpu()[peer]))
+        out.update(_distribution(m.KL_PEER_K3_THETA_DISTRIBUTION, self.kl_k3_theta_values.detach().cpu()[peer]))
         return out
 
 
-def _distribution(prefix: str, values: Tensor) -> dict[str, float]:
-    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor; zeros when empty."""
-    names = [f"{prefix}_mean"] + [f"{prefix}_p{round(q * 100)}" for q in QUANTILES] + [f"{prefix}_max"]
+def _distribution(names: tuple[str, ...], values: Tensor) -> dict[str, float]:
+    """Mean, quantiles (linear interpolation) and max of a 1-D float64 tensor under `names`; zeros when empty."""
+    if len(names) != len(QUANTILES) + 2:
+        raise ValueError(f"a distribution has {len(QUANTILES) + 2} names (mean, quantiles, max), got {names}")
     if values.numel() == 0:
         return dict.fromkeys(names, 0.0)
     qs = torch.quantile(values, torch.tensor(QUANTILES, dtype=values.dtype)).tolist()

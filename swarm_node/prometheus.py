@@ -1,6 +1,6 @@
 """The Prometheus exporter: a node's (or bootstrap's) latest metrics on `http://<addr>/metrics`.
 
-Metric names and their help texts are metrics.py's contract; this module only serves them. The
+Metric names and their help texts are metric_names.py's contract; this module only serves them. The
 per-peer gauges of the peer ledger (`PEER_GAUGES`, labelled `peer`) are defined here: the top K
 peers by samples taken (`metrics.prometheus_top_peers`) by id, the rest summed under `other`, so
 a swarm of any size adds at most K + 1 label values per gauge. `ledger_peer_tokenizer` (value 1)
@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from swarm_node.ledger import OTHER, top_peers
-from swarm_node.metrics import NAME_RE, DROPPED_PREFIX, METRICS, TOTAL_DROPPED_PREFIX, as_number
+from swarm_node.metric_names import (
+    DROPPED_PREFIX,
+    GIVEN_DROPPED_PREFIX,
+    METRICS,
+    NAME_RE,
+    TOTAL_DROPPED_PREFIX,
+)
+from swarm_node.metrics import as_number
 
 # name (after the prefix; `ledger_`, apart from the step metrics) -> (value of a ledger row, help text);
 # counts are since the ledger began (it survives restarts), so these are gauges
@@ -52,14 +59,17 @@ class PrometheusExporter:
     metrics a node never reports do not show as zeros); undocumented names are exported the same
     way. `dropped_<reason>` values are per-step counts added to the counter
     `swarm_node_dropped_total{reason="<reason>"}`, which is the running total, so the
-    `total_dropped_<reason>` entries are not exported again. Each exporter has its own registry,
-    so several can run in one process (tests, `swarm-node local`).
+    `total_dropped_<reason>` entries are not exported again. `given_dropped_<reason>` values (what
+    peers' receipts say they dropped of this node's groups, `given.py`) set the gauge
+    `swarm_node_given_dropped{reason="<reason>"}`; a reason absent from the latest metrics is
+    removed, so its label values stay the few the node reports. Each exporter has its own
+    registry, so several can run in one process (tests, `swarm-node local`).
     """
 
     PREFIX = "swarm_node_"
 
     def __init__(self, addr: str) -> None:
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         self.host, self.requested_port = parse_addr(addr)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -70,6 +80,13 @@ class PrometheusExporter:
             ["reason"],
             registry=self.registry,
         )
+        self._given_dropped = Gauge(
+            self.PREFIX + "given_dropped",
+            "Groups of this node that peers' receipts say they dropped, by reason (latest read).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._given_reasons: set[str] = set()
         self._peer_gauges: dict[str, Any] = {}
         self._peer_labels: set[str] = set()
         self._tokenizer_labels: set[tuple[str, str, str]] = set()  # (peer, tokenizer, same) shown
@@ -106,8 +123,18 @@ class PrometheusExporter:
         from prometheus_client import Gauge
 
         with self._lock:
+            given = {name[len(GIVEN_DROPPED_PREFIX):]: float(as_number(name, value))
+                     for name, value in metrics.items() if name.startswith(GIVEN_DROPPED_PREFIX)}
+            if given or any(name.startswith("given_") for name in metrics):  # the latest read of receipts
+                for gone in self._given_reasons - set(given):
+                    self._given_dropped.remove(gone)
+                for reason, v in given.items():
+                    self._given_dropped.labels(reason=reason).set(v)
+                self._given_reasons = set(given)
             for name, value in metrics.items():
                 v = float(as_number(name, value))
+                if name.startswith(GIVEN_DROPPED_PREFIX):
+                    continue
                 if name.startswith(DROPPED_PREFIX):
                     reason = name[len(DROPPED_PREFIX):]
                     if not (math.isfinite(v) and v >= 0):

@@ -6,7 +6,7 @@ node directory passed on its own works too). The report goes next to them:
     RUN_DIR/report/summary.md       per-node table + links to the plots
     RUN_DIR/report/summary.json     the same numbers, one object per node
     RUN_DIR/report/<plot>.png       reward, accuracy, filtered fraction, KL, importance weights,
-                                    held-out accuracy before and after (when the nodes evaluated)
+                                    held-out accuracy over steps with 95% intervals (when the nodes evaluated)
 
 Each node's log is read as its last run of each step (`metrics.latest_run`): rows of steps a
 resumed node ran again are superseded by the new ones, so no step counts twice.
@@ -17,13 +17,19 @@ Numbers in the table (pure functions below, so tests can check them by hand):
   reward quarters      mean of `reward_mean` over the first / last quarter of the records (at least one)
   mixed groups         mean of `mixed_groups`: share of own groups whose rewards differ
   held-out before/after  accuracy of the node's step-0 evaluation and of its last later one
-                       (`evals.jsonl` beside the metrics, see heldout_eval.py)
+                       (`evals.jsonl` beside the metrics, see heldout_eval.py), each with its 95%
+                       Wilson interval, and the change in words: "improved", "no measurable change"
+                       or "worse" (heldout_stats.py: exact McNemar test on the problems whose answer
+                       changed, at the 5% level)
   peer gradient        sum of `peer_samples_gradient`: peer samples that carried gradient
   accuracy last        mean of `accuracy` over the last `window` records
   eval accuracy        the last `eval_accuracy` seen (blank when no evaluation ran)
   own / peer used      sums of `own_samples` / `peer_samples_used` over the run
   filtered             mean of `filtered_fraction`
   drops                sums of `dropped_<reason>` per reason
+  gave                 what the other nodes took of this node's groups: receivers, samples trained
+                       on and samples with gradient, from their ledgers when the run holds them,
+                       else from its last read of its receipts (given_run.py)
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
+from swarm_node.metrics import latest_run, read_metrics_jsonl
 from swarm_node.atomic import atomic_write_text
 from swarm_node.errors import InputError
+from swarm_node.given_run import gave_by_node, gave_text
 from swarm_node.heldout_eval import read_evals
 
 METRICS_FILE = "metrics.jsonl"
@@ -44,7 +52,7 @@ METRICS_FILE = "metrics.jsonl"
 # plot file stem -> (title, y label, [(metric, line label, line style)])
 PLOTS: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
     "reward": ("Reward (mean over own samples)", "reward", [(m.REWARD_MEAN, "", "-")]),
-    "accuracy": ("Accuracy", "accuracy", [(m.ACCURACY, "train", "-"), (m.EVAL_ACCURACY, "eval", "--")]),
+    "accuracy": ("Accuracy (own samples)", "accuracy", [(m.ACCURACY, "train", "-")]),  # held-out: heldout.png
     "filtered_fraction": ("Filtered fraction of the batch", "fraction", [(m.FILTERED_FRACTION, "", "-")]),
     "kl": ("Per-sample KL (objective.kl_estimator)", "KL", [(m.KL_MEAN, "mean", "-"), (m.KL_P90, "p90", "--")]),
     "importance_weights": ("Importance weights (before truncation)", "weight",
@@ -73,6 +81,13 @@ class NodeSummary:
     heldout_before: float | None = None
     heldout_after: float | None = None
     heldout_n: int | None = None
+    heldout_before_interval: tuple[float, float] | None = None  # 95% Wilson
+    heldout_after_interval: tuple[float, float] | None = None
+    heldout_after_step: int | None = None
+    heldout_evaluations: int = 0
+    # heldout_stats.Change of after vs before: verdict, test, difference, p_value, gained, lost, diff_lo, diff_hi
+    heldout_change: dict | None = None
+    gave: dict | None = None  # given_run.gave_by_node: source, receivers, taken, samples, gradient
 
 
 def find_metrics_files(run_dir: Path) -> dict[str, Path]:
@@ -97,13 +112,14 @@ def summarize(name: str, records: Sequence[dict[str, float]], window: int = 5,
               evals: Sequence[dict] = ()) -> NodeSummary:
     """The summary row of one node (see the module docstring for each number); `evals`: its
     evaluation rows (heldout_eval.read_evals)."""
-    from swarm_node.heldout_eval import before_after
+    from swarm_node.heldout_eval import before_after, before_after_rows, change_between, interval_of
 
     if window < 1:
         raise ValueError("window must be >= 1")
     rewards = _series(records, m.REWARD_MEAN)
     quarter = max(1, len(rewards) // 4)
     before, after = before_after(list(evals))
+    before_row, after_row = before_after_rows(evals)
     steps = _series(records, m.STEP)
     eval_acc = _series(records, m.EVAL_ACCURACY)
     drops: dict[str, float] = {}
@@ -129,6 +145,12 @@ def summarize(name: str, records: Sequence[dict[str, float]], window: int = 5,
         heldout_before=before,
         heldout_after=after,
         heldout_n=int(evals[0]["n"]) if evals else None,
+        heldout_before_interval=interval_of(before_row) if before_row is not None else None,
+        heldout_after_interval=interval_of(after_row) if after_row is not None else None,
+        heldout_after_step=int(after_row["step"]) if after_row is not None else None,
+        heldout_evaluations=len(evals),
+        heldout_change=(vars(change_between(before_row, after_row))
+                        if before_row is not None and after_row is not None else None),
     )
 
 
@@ -143,20 +165,36 @@ def _fmt(v: float | int | None, digits: int = 3) -> str:
 def summary_table(rows: Sequence[NodeSummary], window: int) -> str:
     """The markdown table of per-node summaries."""
     n = next((r.heldout_n for r in rows if r.heldout_n), None)
-    held = f"held-out ({n}) before | after" if n else "held-out before | after"
-    head = (f"| node | steps | {held} | reward first quarter | reward last quarter | mixed groups | "
+    held = f"held-out ({n}) before [95%] | after [95%]" if n else "held-out before [95%] | after [95%]"
+    head = (f"| node | steps | {held} | held-out change | reward first quarter | reward last quarter | mixed groups | "
             f"accuracy last {window} | own samples | peer samples used | peer samples with gradient | "
+            "its samples with gradient at peers | "
             "filtered fraction (mean) | drops by reason |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         drops = ", ".join(f"{k}: {int(v)}" for k, v in r.drops.items()) or "none"
         lines.append(
-            f"| {r.name} | {r.steps} | {_fmt(r.heldout_before)} | {_fmt(r.heldout_after)} | "
+            f"| {r.name} | {r.steps} | {heldout_cell(r.heldout_before, r.heldout_before_interval)} | "
+            f"{heldout_cell(r.heldout_after, r.heldout_after_interval)} | {change_text(r.heldout_change)} | "
             f"{_fmt(r.reward_first_quarter)} | {_fmt(r.reward_last_quarter)} | {_fmt(r.mixed_groups_mean)} | "
             f"{_fmt(r.accuracy_last)} | {_fmt(r.own_samples, 0)} | {_fmt(r.peer_samples_used, 0)} | "
-            f"{_fmt(r.peer_samples_gradient, 0)} | {_fmt(r.filtered_fraction_mean)} | {drops} |"
+            f"{_fmt(r.peer_samples_gradient, 0)} | {gave_text(r.gave)} | {_fmt(r.filtered_fraction_mean)} | {drops} |"
         )
     return "\n".join(lines)
+
+
+def heldout_cell(accuracy: float | None, interval: Sequence[float] | None) -> str:
+    """'0.234 [0.148, 0.350]': an accuracy and its 95% interval ('' when not evaluated)."""
+    if accuracy is None:
+        return ""
+    return _fmt(accuracy) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval is not None else "")
+
+
+def change_text(change: dict | None) -> str:
+    """The verdict in words with its evidence (heldout_stats.Change.text); '' without two evaluations."""
+    from swarm_node.heldout_stats import Change
+
+    return Change(**change).text() if change else ""
 
 
 def _save(fig, ax, path: Path) -> None:
@@ -166,9 +204,12 @@ def _save(fig, ax, path: Path) -> None:
     fig.savefig(path, format="png")
 
 
-def plot_heldout(path: Path, rows: Sequence[NodeSummary]) -> bool:
-    """Held-out accuracy before and after, one pair of bars per node; False (no file) without evaluations."""
-    shown = [r for r in rows if r.heldout_before is not None]
+def plot_heldout(path: Path, evals: dict[str, Sequence[dict]]) -> bool:
+    """Held-out accuracy over steps, one line per node, each evaluation with its 95% interval as an
+    error bar; False (no file) when no node evaluated."""
+    from swarm_node.heldout_eval import interval_of
+
+    shown = {name: rows for name, rows in evals.items() if rows}
     if not shown:
         return False
     import matplotlib
@@ -178,13 +219,17 @@ def plot_heldout(path: Path, rows: Sequence[NodeSummary]) -> bool:
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     try:
-        xs = range(len(shown))
-        ax.bar([x - 0.2 for x in xs], [r.heldout_before for r in shown], 0.4, label="before step 1", color="C7")
-        ax.bar([x + 0.2 for x in xs], [r.heldout_after or 0.0 for r in shown], 0.4, label="after the last step",
-               color="C0")
-        ax.set_xticks(list(xs), [r.name for r in shown])
-        n = shown[0].heldout_n
-        ax.set(title=f"Held-out accuracy (greedy pass@1, {n} problems)", ylabel="accuracy", ylim=(0, 1))
+        for i, (name, rows) in enumerate(shown.items()):
+            steps = [int(r["step"]) for r in rows]
+            acc = [float(r["accuracy"]) for r in rows]
+            lo, hi = zip(*(interval_of(r) for r in rows), strict=True)
+            ax.errorbar(steps, acc, yerr=[[a - lo_ for a, lo_ in zip(acc, lo, strict=True)],
+                                          [hi_ - a for a, hi_ in zip(acc, hi, strict=True)]],
+                        fmt="o-", color=f"C{i % 10}", capsize=3, label=name, linewidth=1.5, markersize=4)
+        n = int(next(iter(shown.values()))[0]["n"])
+        ax.set(title=f"Held-out accuracy (greedy pass@1, {n} problems; bars: 95% interval)", xlabel="step",
+               ylabel="accuracy", ylim=(0, 1))
+        ax.grid(True, alpha=0.3)
         _save(fig, ax, path)
         return True
     finally:
@@ -231,11 +276,14 @@ def write_report(run_dir: Path | str, out_dir: Path | str | None = None, window:
                          "pass the run directory of `swarm-node local` or a node directory after a step")
     out = Path(out_dir) if out_dir is not None else run_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    runs = {name: m.latest_run(m.read_metrics_jsonl(path)) for name, path in files.items()}
-    rows = [summarize(name, records, window, read_evals(files[name].parent)) for name, records in runs.items()]
+    runs = {name: latest_run(read_metrics_jsonl(path)) for name, path in files.items()}
+    evals = {name: read_evals(files[name].parent) for name in runs}
+    rows = [summarize(name, records, window, evals[name]) for name, records in runs.items()]
+    gave = gave_by_node({name: files[name].parent for name in runs}, runs)
+    rows = [replace(r, gave=gave[r.name]) for r in rows]
     _write_summary_json(out, rows)
     plotted = [stem for stem, spec in PLOTS.items() if plot_metric(out / f"{stem}.png", runs, spec)]
-    if plot_heldout(out / "heldout.png", rows):
+    if plot_heldout(out / "heldout.png", evals):
         plotted.insert(0, "heldout")
     missing = [stem for stem in PLOTS if stem not in plotted]
     parts = [
@@ -270,9 +318,16 @@ def console_lines(rows: Sequence[NodeSummary]) -> list[str]:
     """One plain line per node for a terminal: held-out before -> after, reward by quarter, peers."""
     out = []
     for r in rows:
-        held = (f"held-out {_fmt(r.heldout_before)} -> {_fmt(r.heldout_after) or '(not evaluated)'}"
-                if r.heldout_before is not None else "held-out not evaluated")
+        if r.heldout_before is None:
+            held = "held-out not evaluated"
+        elif r.heldout_after is None:
+            held = f"held-out {heldout_cell(r.heldout_before, r.heldout_before_interval)} -> (not evaluated)"
+        else:
+            held = (f"held-out {heldout_cell(r.heldout_before, r.heldout_before_interval)} -> "
+                    f"{heldout_cell(r.heldout_after, r.heldout_after_interval)} at step {r.heldout_after_step}: "
+                    f"{change_text(r.heldout_change)}")
         out.append(f"{r.name}: {held}; reward first quarter {_fmt(r.reward_first_quarter)} -> last quarter "
                    f"{_fmt(r.reward_last_quarter)}; mixed groups {_fmt(r.mixed_groups_mean)}; "
-                   f"peer samples with gradient {_fmt(r.peer_samples_gradient, 0)}")
+                   f"peer samples used {_fmt(r.peer_samples_used, 0)} (with gradient {_fmt(r.peer_samples_gradient, 0)})"
+                   + (f"; its groups gave {gave_text(r.gave)}" if r.gave else ""))
     return out

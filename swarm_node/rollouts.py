@@ -1,12 +1,15 @@
 """Peers' rollouts, between the wire and the trainer: peers' decoded groups are checked against this
 node's own state (tokenizer, prompt set), re-scored locally and become training samples. Every
 rejection is counted by reason. Own completions become samples and wire groups in
-`own_rollouts.py`; what both sides use (the tokenizer lock, prompt rendering, group keys) is here.
+`own_rollouts.py`; what both sides use (`TOKENIZER_LOCK`, `decode`, `render_prompts`, `group_key`)
+is here. Both see the node through `parts.NodeParts`.
 
 A step's peer work (fetch, checks, reward verification within its time budget:
 `swarm_node.tasks.verify`) runs off the step thread in `gather_peer_samples`, overlapped with
-generation. Groups refused for a reason that would recur (a verifier timeout, or blame for a
-non-finite step) go to the node's reject list and stay refused across restarts.
+generation. A group refused for a reason that is its sender's fault and would recur (a logprob
+mismatch, a verifier timeout, or blame for a non-finite step) is blamed in one place, `blame`: the
+peer ledger, the sender's reputation share (admission) and the node's reject list, so it stays
+refused across restarts.
 
 The protocol layer has already checked structure and limits (`protocol.validate`, in the
 exchange); what is checked here needs the node: the tokenizer fingerprint, the prompt reference
@@ -29,18 +32,20 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Protocol, cast, runtime_checkable
 
 import numpy as np
 
 from protocol import keys
 from protocol.messages import PromptRef, RolloutGroup
-from swarm_node.crosstok_receive import receive_group, train_samples
+from swarm_node.crosstok_receive import ReceivedGroup, receive_group, train_samples
+from swarm_node.parts import NodeParts, SpotSession
 from swarm_node.policy.types import TrainSample
-from swarm_node.spotcheck import LOGPROB_MISMATCH, SpotSession
+from swarm_node.spotcheck import LOGPROB_MISMATCH
 from swarm_node.swarm.admission import OVER_TOKEN_BUDGET
 from swarm_node.tasks.base import Problem
-from swarm_node.tasks.verify import VERIFIER_TIMEOUT, VERIFY_BUDGET, PeerVerifier
+from swarm_node.tasks.prompts import render_prompt
+from swarm_node.tasks.verify import VERIFY_BUDGET, PeerVerifier
 
 DROP_TOKENIZER = "tokenizer_mismatch"
 # Another tokenizer's completion may be at most this many times this node's max_new_tokens in own
@@ -68,7 +73,9 @@ class PeerBatch:
     spot_metrics: dict[str, float] = field(default_factory=dict)  # spotcheck.SpotSession.metrics()
 
 
-def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
+def group_key(parts: NodeParts, sender: str, policy_version: int, index: int) -> str:
+    """The advantage group of a sample: one sender's completions of one prompt at one policy
+    version, or, in horizontal collaboration, every generator's completions of the prompt."""
     if parts.config.swarm.collaboration == "horizontal":
         return f"h:{index}"  # the union of every generator's completions of this prompt
     return f"{sender}:{policy_version}:{index}"
@@ -76,19 +83,18 @@ def _group_key(parts: Any, sender: str, policy_version: int, index: int) -> str:
 
 # Fast tokenizers are not safe to call from two threads at once (a Rust "Already borrowed" error),
 # and the gather thread decodes and renders while the step thread does: every use goes through here.
-_TOKENIZER_LOCK = threading.Lock()
+TOKENIZER_LOCK = threading.Lock()
 
 
-def _decode(parts: Any, token_ids: np.ndarray) -> str:
-    with _TOKENIZER_LOCK:
-        return parts.policy.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True)
+def decode(parts: NodeParts, token_ids: np.ndarray) -> str:
+    """A completion's text under this node's tokenizer, special tokens left out (thread-safe)."""
+    with TOKENIZER_LOCK:
+        return cast(str, parts.policy.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True))
 
 
-def render_prompts(parts: Any, problems: Sequence[Problem]) -> list[list[int]]:
+def render_prompts(parts: NodeParts, problems: Sequence[Problem]) -> list[list[int]]:
     """Prompt token ids of `problems` with this node's template (thread-safe)."""
-    from swarm_node.tasks import render_prompt
-
-    with _TOKENIZER_LOCK:
+    with TOKENIZER_LOCK:
         task = parts.config.task
         return [render_prompt(parts.policy.tokenizer, p.question, task.system_prompt, task.worked_example)
                 for p in problems]
@@ -122,25 +128,39 @@ def group_record_id(group: RolloutGroup) -> str:
     return h.hexdigest()
 
 
-def remember_poisoned(parts: Any, samples: Iterable[TrainSample]) -> Counter[str]:
-    """Record the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`) in the
-    node's reject list, so they stay refused (also after a restart), and as faults of their senders
-    (reputation, peer ledger); returns the drops to count."""
+def remember_poisoned(parts: NodeParts, samples: Iterable[TrainSample]) -> Counter[str]:
+    """Blame the groups of peer samples blamed for a non-finite step (`Trainer.poisoned`): they were
+    taken, so the ledger counts them as dropped late; returns the drops to count."""
     ids = {s.record_id: s.source for s in samples if s.is_peer and s.record_id}
-    rejects = getattr(parts, "rejects", None)
-    if rejects is not None and ids:
-        rejects.add_many((record_id, DROP_NONFINITE) for record_id in ids)
-    ledger = getattr(parts, "ledger", None)
-    admission = getattr(parts.exchange, "admission", None)
-    for sender in ids.values():
-        if ledger is not None:
-            ledger.record_late_drop(sender, DROP_NONFINITE)
-        if admission is not None:
-            admission.record(sender, DROP_NONFINITE)  # a fault: it lowers the sender's share
+    for record_id, sender in ids.items():
+        blame(parts, sender, record_id, DROP_NONFINITE, late=True)
     return Counter({DROP_NONFINITE: len(ids)}) if ids else Counter()
 
 
-def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
+def blame(parts: NodeParts, sender: str, record_id: str, reason: str, *, tokenizer: str = "",
+          late: bool = False) -> None:
+    """A group dropped for a reason that is its sender's fault and would recur: recorded in the peer
+    ledger (`late`: a group counted as taken earlier, e.g. whose samples made a step non-finite), a
+    fault of the sender in the admission (it lowers the sender's share; enough exclude it), and its
+    record on the reject list, so it stays refused (also after a restart). The caller counts the drop."""
+    if parts.ledger is not None:
+        if late:
+            parts.ledger.record_late_drop(sender, reason)
+        else:
+            parts.ledger.record_group(sender, reason, tokenizer)
+    if parts.admission is not None:
+        parts.admission.record(sender, reason)
+    if parts.rejects is not None and record_id:
+        parts.rejects.add(record_id, reason)
+
+
+def _record(parts: NodeParts, group: RolloutGroup, reason: str | None) -> None:
+    """A group's fate in the peer ledger: taken (None) or dropped for a reason that is no fault."""
+    if parts.ledger is not None:
+        parts.ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
+
+
+def _known_problem(parts: NodeParts, ref: PromptRef) -> Problem | None:
     ps = parts.prompt_set
     if ref.prompt_set_id != ps.id or not 0 <= ref.index < len(ps):
         return None
@@ -148,67 +168,66 @@ def _known_problem(parts: Any, ref: PromptRef) -> Problem | None:
     return problem if problem.sha256 == ref.sha256 else None
 
 
-def peer_verifier(parts: Any) -> PeerVerifier:
+@runtime_checkable
+class PeerWorkerReward(Protocol):
+    """A reward function with a separate worker for peers' answers (`tasks.rewards.CorrectnessReward`)."""
+
+    def start_peer_worker(self) -> None: ...
+
+
+def peer_verifier(parts: NodeParts) -> PeerVerifier:
     """A fresh verification budget for one gather (`task.peer_reward_budget_s`, `..._per_peer_s`)."""
     task = parts.config.task
-    start = getattr(parts.reward_fn, "start_peer_worker", None)
-    if start is not None:
-        start()  # a no-op once running; else its startup overlaps the fetch instead of the budget
+    if isinstance(parts.reward_fn, PeerWorkerReward):
+        parts.reward_fn.start_peer_worker()  # a no-op once running; else its startup overlaps the fetch
     return PeerVerifier(parts.reward_fn, task.peer_reward_budget_s, task.peer_reward_budget_per_peer_s)
 
 
-def gather_peer_samples(parts: Any, window: int, own_groups: int, seed: int, step: int
+def gather_peer_samples(parts: NodeParts, window: int, own_groups: int, seed: int, step: int
                         ) -> tuple[PeerBatch, Counter[str]]:
     """Fetch peers' groups and turn them into samples, rewards included: the whole of a step's
     peer work, run off the step thread (the node submits it at the start of the step, so it
     overlaps generation). `own_groups` sets the peer cap (`peer_group_cap`)."""
-    sw = parts.config.swarm
+    sw, exchange = parts.config.swarm, parts.exchange
+    if exchange is None:  # training alone: no peers to gather from
+        return PeerBatch(), Counter()
     verifier = peer_verifier(parts)
     # Fetch no more than the step can use: groups over the peer cap would be fetched for nothing.
     max_groups = peer_group_cap(own_groups, sw.max_peer_fraction, sw.max_peer_groups_per_step)
-    groups, fetch_drops = parts.exchange.fetch_groups(
+    groups, fetch_drops = exchange.fetch_groups(
         current_window=window, staleness_windows=sw.staleness_steps, max_groups=max_groups,
         max_per_peer=sw.max_groups_per_peer, timeout=sw.fetch_timeout_s, rng=random.Random(seed))
     drops: Counter[str] = Counter(fetch_drops)
-    census = getattr(parts.exchange, "tokenizers", None)
-    if sw.send_text == "auto" and census is not None and census.statuses_due(parts.dht_time()):
-        parts.exchange.read_statuses(timeout=sw.fetch_timeout_s / 4)  # notes the swarm's tokenizers
+    if exchange.tokenizers.statuses_due(parts.dht_time()):  # every swarm.record_ttl_s / 3
+        # notes the swarm's tokenizers and the receipts naming this node; bad records: dropped_status_<reason>
+        exchange.read_statuses(timeout=sw.fetch_timeout_s / 4, drops=drops)
     return peer_samples(parts, groups, max_groups, drops, step, verifier, spot_session(parts, seed)), drops
 
 
-def spot_session(parts: Any, seed: int) -> SpotSession | None:
+def spot_session(parts: NodeParts, seed: int) -> SpotSession | None:
     """A step's logprob spot-checks (`swarm.spot_check`), None when the node has no checker."""
-    checker = getattr(parts, "spot_checker", None)
-    return checker.session(seed) if checker is not None else None
+    return parts.spot_checker.session(seed) if parts.spot_checker is not None else None
 
 
-def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
+def peer_samples(parts: NodeParts, groups: Sequence[RolloutGroup], max_groups: int, drops: Counter[str],
                  step: int, verifier: PeerVerifier | None = None, spot: SpotSession | None = None) -> PeerBatch:
     """Check peers' groups against this node's state, spot-check their logprobs when this node holds
     the declared model (`spot`, a fresh session of the node's checker by default), recompute rewards
     (within `verifier`'s time budget, a fresh one by default), keep at most `max_groups`."""
     verifier = verifier or peer_verifier(parts)
     spot = spot or spot_session(parts, step)
-    rejects = getattr(parts, "rejects", None)
-    ledger = getattr(parts, "ledger", None)  # swarm_node.ledger.PeerLedger: each group's fate by sender
     batch = PeerBatch()
     for group in groups:
-        reason = _group_reason(parts, group)
-        problem = _known_problem(parts, group.prompt) if reason is None else None
-        if reason is None and problem is None:
-            reason = DROP_UNKNOWN_PROMPT
-        if reason is None and batch.groups >= max_groups:
-            reason = DROP_OVER_CAP
-        record_id = group_record_id(group) if reason is None else ""
-        if reason is None and rejects is not None and record_id in rejects:
-            reason = DROP_REJECTED_BEFORE
-        if reason is not None:
-            drops[reason] += 1
-            if ledger is not None and reason != DROP_OWN_ECHO:  # this node is no peer of its own
-                ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
+        admitted = _admit(parts, group, batch.groups, max_groups)
+        if isinstance(admitted, str):
+            drops[admitted] += 1
+            if admitted != DROP_OWN_ECHO:  # this node is no peer of its own
+                _record(parts, group, admitted)
             continue
+        problem, record_id = admitted
         if spot is not None and spot.check(group, problem) == LOGPROB_MISMATCH:
-            _blame(parts, group.sender, record_id, LOGPROB_MISMATCH, drops)
+            drops[LOGPROB_MISMATCH] += 1
+            blame(parts, group.sender, record_id, LOGPROB_MISMATCH, tokenizer=group.tokenizer_fingerprint)
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
@@ -216,28 +235,25 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
             batch.crosstok_tokens += received.own_tokens if received is not None else 0
             if reason is not None:
                 drops[reason] += 1
-                if ledger is not None:
-                    ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
+                _record(parts, group, reason)
                 continue
             texts = [c.text for c in group.completions]
         else:
             token_ids = [np.array(c.token_ids, dtype=np.int64) for c in group.completions]
-            texts = [_decode(parts, ids) for ids in token_ids]
+            texts = [decode(parts, ids) for ids in token_ids]
         verdict = verifier.group_rewards(texts, problem, group.sender)
         batch.verify_seconds += verdict.seconds
         if verdict.rewards is None:
-            drops[verdict.reason or VERIFY_BUDGET] += 1
-            if ledger is not None:
-                ledger.record_group(group.sender, verdict.reason or VERIFY_BUDGET, group.tokenizer_fingerprint)
-            admission = getattr(parts.exchange, "admission", None)
-            if verdict.blamed and admission is not None:
-                admission.record(group.sender, verdict.reason or VERIFIER_TIMEOUT)  # lowers its share
-            if verdict.blamed and rejects is not None:
-                rejects.add(record_id, verdict.reason or VERIFIER_TIMEOUT)
+            reason = verdict.reason or VERIFY_BUDGET
+            drops[reason] += 1
+            if verdict.blamed:  # a verifier timeout on every completion: it would time out again
+                blame(parts, group.sender, record_id, reason, tokenizer=group.tokenizer_fingerprint)
+            else:
+                _record(parts, group, reason)
             continue
         # The prompt is rendered with this node's own template: the node trains its own policy.
         prompt = np.asarray(render_prompts(parts, [problem])[0], dtype=np.int64)
-        key = _group_key(parts, group.sender, group.policy_version, problem.index)
+        key = group_key(parts, group.sender, group.policy_version, problem.index)
         if received is not None:
             batch.samples += train_samples(received.views, verdict.rewards, prompt_ids=prompt, group_key=key,
                                            source=group.sender, record_id=record_id)
@@ -248,8 +264,7 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
                     generator_logprobs=np.array(c.logprobs, dtype=np.float32),  # a writable copy
                     reward=reward, is_peer=True, source=group.sender, record_id=record_id))
         batch.groups += 1
-        if ledger is not None:
-            ledger.record_group(group.sender, None, group.tokenizer_fingerprint)
+        _record(parts, group, None)
         if batch.newest_created_at is None or group.created_at > batch.newest_created_at:
             batch.newest_created_at = group.created_at
     if spot is not None:
@@ -257,22 +272,23 @@ def peer_samples(parts: Any, groups: Sequence[RolloutGroup], max_groups: int, dr
     return batch
 
 
-def _blame(parts: Any, sender: str, record_id: str, reason: str, drops: Counter[str]) -> None:
-    """A drop that is the sender's fault and would recur: counted, in the ledger, lowering the sender's
-    reputation share, and on the reject list."""
-    drops[reason] += 1
-    ledger = getattr(parts, "ledger", None)
-    if ledger is not None:
-        ledger.record_group(sender, reason)
-    admission = getattr(parts.exchange, "admission", None)
-    if admission is not None:
-        admission.record(sender, reason)
-    rejects = getattr(parts, "rejects", None)
-    if rejects is not None:
-        rejects.add(record_id, reason)
+def _admit(parts: NodeParts, group: RolloutGroup, taken: int, max_groups: int) -> tuple[Problem, str] | str:
+    """(the group's problem, its record id), or the reason it is dropped before any work on it."""
+    reason = _group_reason(parts, group)
+    if reason is not None:
+        return reason
+    problem = _known_problem(parts, group.prompt)
+    if problem is None:
+        return DROP_UNKNOWN_PROMPT
+    if taken >= max_groups:
+        return DROP_OVER_CAP
+    record_id = group_record_id(group)
+    if parts.rejects is not None and record_id in parts.rejects:
+        return DROP_REJECTED_BEFORE
+    return problem, record_id
 
 
-def _group_reason(parts: Any, group: RolloutGroup) -> str | None:
+def _group_reason(parts: NodeParts, group: RolloutGroup) -> str | None:
     """Checks that need this node's identity, swarm and tokenizer (the exchange checked the rest)."""
     if group.sender == parts.peer_id:
         return DROP_OWN_ECHO
@@ -283,7 +299,8 @@ def _group_reason(parts: Any, group: RolloutGroup) -> str | None:
     return None
 
 
-def _receive_foreign(parts: Any, group: RolloutGroup, verifier: PeerVerifier) -> tuple[Any, str | None]:
+def _receive_foreign(parts: NodeParts, group: RolloutGroup, verifier: PeerVerifier
+                     ) -> tuple[ReceivedGroup | None, str | None]:
     """Another tokenizer's group in this node's tokens, within the step's peer budgets: its
     conversion time counts in the verification budget (`verifier`), its own tokens beyond the
     sender's (a finer tokenizer) in the admission's token budget, and no completion may exceed
@@ -292,20 +309,19 @@ def _receive_foreign(parts: Any, group: RolloutGroup, verifier: PeerVerifier) ->
         return None, VERIFY_BUDGET
     cap = CROSSTOK_MAX_TOKENS_FACTOR * parts.config.generation.max_new_tokens
     start = time.monotonic()
-    with _TOKENIZER_LOCK:
+    with TOKENIZER_LOCK:
         received = receive_group(parts.policy.tokenizer, parts.policy.stop_token_ids[0], group.completions,
                                  max_own_tokens=cap)
     verifier.charge(group.sender, time.monotonic() - start)
     if received.reason is not None:
         return received, received.reason
-    admission = getattr(parts.exchange, "admission", None)
     extra = received.own_tokens - group.num_tokens
-    if extra > 0 and admission is not None and not admission.charge_tokens(extra):
+    if extra > 0 and parts.admission is not None and not parts.admission.charge_tokens(extra):
         return received, OVER_TOKEN_BUDGET
     return received, None
 
 
-def _cross_tokenizer(parts: Any, group: RolloutGroup) -> bool:
+def _cross_tokenizer(parts: NodeParts, group: RolloutGroup) -> bool:
     """Whether a group from another tokenizer can be taken: `swarm.cross_tokenizer` is on and every
     completion carries its text's piece byte lengths, one per token (a sender that does not send
     its texts sends none)."""

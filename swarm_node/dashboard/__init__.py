@@ -3,6 +3,7 @@
 from swarm_node.dashboard.server import DashboardServer, SwarmHistory
 from swarm_node.dashboard.sources import (
     FakeStatusSource,
+    HeldoutSource,
     LedgerSource,
     Status,
     StatusLike,
@@ -10,5 +11,5 @@ from swarm_node.dashboard.sources import (
     SyntheticStatusSource,
 )
 
-__all__ = ["DashboardServer", "FakeStatusSource", "LedgerSource", "Status", "StatusLike", "StatusSource",
-           "SwarmHistory", "SyntheticStatusSource"]
+__all__ = ["DashboardServer", "FakeStatusSource", "HeldoutSource", "LedgerSource", "Status", "StatusLike",
+           "StatusSource", "SwarmHistory", "SyntheticStatusSource"]

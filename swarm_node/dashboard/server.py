@@ -3,7 +3,10 @@
     GET /              the page (static/index.html; it polls the API and draws SVG curves)
     GET /static/NAME   the page's script and stylesheet
     GET /api/peers     latest record per peer: {"peers": [...], "server_time", "last_error", "reads"}
-    GET /api/history   per-peer series: {"series": {peer_id: {"model_id", "points": [{step, t, ...}]}}}
+    GET /api/history   per-peer series: {"series": {peer_id: {"model_id", "points": [{step, t, ...}],
+                       "evals": [{step, accuracy, lo, hi, n}]}}}: `evals`, one point per held-out
+                       evaluation its records carried (eval_step, eval_accuracy, its 95% interval)
+    GET /api/heldout   held-out trends of local node dirs: {"nodes": [{"node_dir", "points", "error"}]}
     GET /api/ledger    peer ledgers of local node dirs: {"nodes": [{"node_dir", "peers": [row], "error"}]}
     GET /healthz       "ok"
 
@@ -26,8 +29,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from swarm_node import metrics as m
-from swarm_node.dashboard.sources import LedgerSource, StatusLike, StatusSource
+from swarm_node import metric_names as m
+from swarm_node.dashboard.sources import HeldoutSource, LedgerSource, StatusLike, StatusSource
 from swarm_node.health import alone_warning
 from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
 
@@ -55,6 +58,7 @@ class SwarmHistory:
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, Any]] = {}
         self._series: dict[str, deque[dict[str, Any]]] = {}
+        self._evals: dict[str, dict[int, dict[str, float]]] = {}  # peer -> eval step -> held-out point
 
     def ingest(self, statuses: list[StatusLike], now: float) -> None:
         """Record one read. A peer's point is added only when its (step, timestamp) changed."""
@@ -74,6 +78,7 @@ class SwarmHistory:
             point: dict[str, Any] = {"step": int(st.step), "t": float(st.timestamp), **metrics}
             point.update(_derived(dict(st.metrics), prev, int(st.step), float(st.timestamp)))
             series.append(point)
+        self._ingest_eval(st.peer_id, dict(st.metrics))
         self._latest[st.peer_id] = {
             "peer_id": st.peer_id,
             "model_id": st.model_id,
@@ -88,6 +93,18 @@ class SwarmHistory:
             "present": True,
         }
 
+    def _ingest_eval(self, peer_id: str, metrics: Mapping[str, float]) -> None:
+        """Keep the record's latest held-out evaluation, once per evaluated step (the newest `history`)."""
+        if not {m.EVAL_ACCURACY, m.EVAL_STEP, m.EVAL_LO, m.EVAL_HI} <= metrics.keys():
+            return
+        evals = self._evals.setdefault(peer_id, {})
+        evals[int(metrics[m.EVAL_STEP])] = {
+            "step": int(metrics[m.EVAL_STEP]), "accuracy": _clean(metrics[m.EVAL_ACCURACY]),
+            "lo": _clean(metrics[m.EVAL_LO]), "hi": _clean(metrics[m.EVAL_HI]),
+            "n": _clean(metrics.get(m.EVAL_N, math.nan))}
+        while len(evals) > self._history:
+            del evals[min(evals)]
+
     def peers(self) -> list[dict[str, Any]]:
         """The latest record of every peer seen; `tokenizer_peers` of the `tokenizer_known` peers
         present whose tokenizer is known share its tokenizer."""
@@ -100,7 +117,8 @@ class SwarmHistory:
 
     def series(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {pid: {"model_id": self._latest[pid]["model_id"], "points": list(pts)}
+            return {pid: {"model_id": self._latest[pid]["model_id"], "points": list(pts),
+                          "evals": [v for _, v in sorted(self._evals.get(pid, {}).items())]}
                     for pid, pts in sorted(self._series.items())}
 
 
@@ -117,16 +135,18 @@ class DashboardServer:
 
     Reading the source is the network boundary: a failed read is logged, reported as
     `last_error` in /api/peers, and retried at the next poll; everything else propagates.
-    `ledger_source`: the peer ledgers of local nodes shown in the peer-ledger table (none: hidden).
+    `ledger_source`: the peer ledgers of local nodes shown in the peer-ledger table (none: hidden);
+    `heldout_source`: the held-out trends of local nodes drawn in the held-out chart.
     """
 
     def __init__(self, status_source: StatusSource, host: str = "127.0.0.1", port: int = 8080,
                  history: int = 2000, poll_interval_s: float = 2.0,
-                 ledger_source: LedgerSource | None = None) -> None:
+                 ledger_source: LedgerSource | None = None, heldout_source: HeldoutSource | None = None) -> None:
         if poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be positive")
         self.source = status_source
         self.ledger_source = ledger_source
+        self.heldout_source = heldout_source
         self.history = SwarmHistory(history)
         self.poll_interval_s = poll_interval_s
         self.last_error: str | None = None
@@ -213,6 +233,9 @@ class DashboardServer:
     def api_history(self) -> dict[str, Any]:
         return {"series": self.history.series()}
 
+    def api_heldout(self) -> dict[str, Any]:
+        return {"nodes": self.heldout_source.read() if self.heldout_source is not None else []}
+
     def api_ledger(self) -> dict[str, Any]:
         nodes = self.ledger_source.read() if self.ledger_source is not None else []
         return {"nodes": nodes, "server_time": time.time()}
@@ -236,6 +259,8 @@ def _make_handler(dash: DashboardServer) -> type[BaseHTTPRequestHandler]:
                 self._json(dash.api_history())
             elif path == "/api/ledger":
                 self._json(dash.api_ledger())
+            elif path == "/api/heldout":
+                self._json(dash.api_heldout())
             elif path == "/healthz":
                 self._send(HTTPStatus.OK, b"ok\n", "text/plain; charset=utf-8")
             else:

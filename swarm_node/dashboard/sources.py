@@ -6,7 +6,8 @@ tests it is `FakeStatusSource` (fixed records) or `SyntheticStatusSource` (a fak
 advances one step per read, with plausible curves).
 
 The peer table comes from a `LedgerSource`: the peer ledgers (`swarm_node.ledger`) of node
-directories on the dashboard's machine, read from their files at each request.
+directories on the dashboard's machine, read from their files at each request; the held-out chart
+also draws the whole trend of those nodes from a `HeldoutSource` (their `evals.jsonl`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 from swarm_node.ledger import FILE_NAME as LEDGER_FILE
 from swarm_node.ledger import load_rows
 
@@ -100,13 +101,34 @@ class LedgerSource:
         return out
 
 
+class HeldoutSource:
+    """The held-out trends of local node directories (`heldout_eval.trend_points`: every evaluation
+    with its 95% interval), read from their `evals.jsonl` at each request; an `error` line for a
+    node that has not evaluated yet."""
+
+    def __init__(self, node_dirs: Sequence[Path | str]) -> None:
+        self.node_dirs = [Path(d) for d in node_dirs]
+
+    def read(self) -> list[dict[str, Any]]:
+        from swarm_node.heldout_eval import EVALS_FILE, read_evals, trend_points
+
+        out = []
+        for d in self.node_dirs:
+            rows = read_evals(d)
+            out.append({"node_dir": str(d), "points": trend_points(rows),
+                        "error": None if rows else f"no held-out evaluation yet ({EVALS_FILE})"})
+        return out
+
+
 class SyntheticStatusSource:
     """A fake swarm of `n_peers` nodes; every `read()` advances each node by one step.
 
     Curves are deterministic given `seed`: reward and accuracy rise towards a per-node ceiling,
-    KL and filtering settle, drops happen now and then. Used by the browser test and demos.
+    KL and filtering settle, drops happen now and then, and a held-out evaluation of 64 problems
+    runs every EVAL_EVERY steps. Used by the browser test and demos.
     """
 
+    EVAL_EVERY = 3
     MODELS = ("smollm2-135m", "smollm2-135m+lora", "tiny-random:128x2", "Qwen/Qwen2.5-1.5B")
     # a made-up fingerprint per model's tokenizer: the two SmolLM2 peers share one
     TOKENIZERS = tuple(hashlib.sha256(t.encode()).hexdigest() for t in ("smollm2", "smollm2", "tiny", "qwen2.5"))
@@ -144,7 +166,18 @@ class SyntheticStatusSource:
             m.TOKENS_PER_S: 60.0 + 10 * i + r.uniform(-5, 5), m.STEP_SECONDS: self._dt,
             m.BYTES_PER_TOKEN: 4.5 + r.uniform(-0.3, 0.3), m.LOSS: r.uniform(-0.1, 0.1),
             m.dropped_name("stale"): float(r.random() < 0.2),
+            **self._heldout(s - s % self.EVAL_EVERY, ceiling),
         }
         return Status(peer_id=peer_id, model_id=self.MODELS[i % len(self.MODELS)], step=s,
                       timestamp=self._t0 + s * self._dt, metrics=metrics,
                       tokenizer_fingerprint=self.TOKENIZERS[i % len(self.TOKENIZERS)])
+
+    @staticmethod
+    def _heldout(step: int, ceiling: float, n: int = 64) -> dict[str, float]:
+        """The metrics of the latest held-out evaluation (after `step`), its accuracy rising with training."""
+        from swarm_node.heldout_stats import wilson
+
+        correct = round(n * 0.8 * ceiling * (1.0 - math.exp(-(step + 3) / 15.0)))
+        lo, hi = wilson(correct, n)
+        return {m.EVAL_ACCURACY: correct / n, m.EVAL_STEP: float(step), m.EVAL_LO: lo, m.EVAL_HI: hi,
+                m.EVAL_N: float(n), m.EVAL_SECONDS: 20.0}

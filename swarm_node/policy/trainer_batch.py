@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from swarm_node import metric_names as m
 from swarm_node.config import ObjectiveConfig
 from swarm_node.objective import ObjectiveStats, carries_gradient, group_advantages, sample_weights, unscored_stats
 from swarm_node.policy.scoring import pad_right
@@ -98,9 +99,14 @@ def peer_sample_stats(samples: Sequence[TrainSample], batch: Batch, stats: Objec
     `batch.stats_order`). A peer sample left unscored (no tokens: the protocol refuses non-finite
     logprobs) has no KL or weight and carries no gradient."""
     measured = dict(zip(batch.stats_order, stats.per_sample(), strict=True))
-    return [SampleStat(s.source, float(s.reward), *measured.get(i, (None, None, False, False)),
-                       crosstok=s.chunk_ids is not None)
-            for i, s in enumerate(samples) if s.is_peer]
+    out = []
+    for i, s in enumerate(samples):
+        if s.is_peer:
+            kl, rho, filtered, gradient, bad_adv, bad_kl = measured.get(i, (None, None, False, False, False, False))
+            out.append(SampleStat(s.source, float(s.reward), kl, rho, filtered, gradient,
+                                  crosstok=s.chunk_ids is not None,
+                                  filtered_advantage=filtered and bad_adv, filtered_kl=filtered and bad_kl))
+    return out
 
 
 def micro_batch_chunk_ids(batch: Batch, idx: list[int]) -> Tensor | None:
@@ -139,15 +145,15 @@ def _micro_batches(samples: Sequence[TrainSample], indices: Sequence[int], size:
 
 
 def sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
-    """Batch composition in `swarm_node.metrics` terms (the objective reports peer_samples_used)."""
+    """Batch composition in `swarm_node.metric_names` terms (the objective reports the peer counts)."""
     own = [s for s in samples if not s.is_peer]
     crosstok = [s.chunk_ids for s in samples if s.chunk_ids is not None and len(s.chunk_ids)]
     chunks = sum(int(c[-1]) + 1 for c in crosstok)  # chunk ids run 0..n-1 in order
     return {
-        "reward_mean": sum(s.reward for s in own) / len(own) if own else 0.0,
-        "reward_mean_all": sum(s.reward for s in samples) / len(samples) if samples else 0.0,
-        "own_samples": float(len(own)),
-        "completion_tokens": float(sum(len(s.completion_ids) for s in samples)),
-        "crosstok_samples": float(len(crosstok)),
-        "crosstok_tokens_per_chunk": sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
+        m.REWARD_MEAN: sum(s.reward for s in own) / len(own) if own else 0.0,
+        m.REWARD_MEAN_ALL: sum(s.reward for s in samples) / len(samples) if samples else 0.0,
+        m.OWN_SAMPLES: float(len(own)),
+        m.COMPLETION_TOKENS: float(sum(len(s.completion_ids) for s in samples)),
+        m.CROSSTOK_SAMPLES: float(len(crosstok)),
+        m.CROSSTOK_TOKENS_PER_CHUNK: sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
     }

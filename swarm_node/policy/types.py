@@ -59,7 +59,9 @@ class SampleStat(NamedTuple):
     ledger attributes them per sender).
 
     kl and is_weight are None for a sample that was not scored (no tokens); crosstok: the sample
-    came from another tokenizer (re-tokenized, trained per chunk)."""
+    came from another tokenizer (re-tokenized, trained per chunk); filtered_advantage / filtered_kl:
+    the filter dropped it and it met the advantage condition (A <= 0) / the KL condition (KL > g),
+    possibly both (what a receipt tells its sender, `swarm_node.receipts`)."""
 
     peer: str
     reward: float
@@ -68,6 +70,8 @@ class SampleStat(NamedTuple):
     filtered: bool
     gradient: bool
     crosstok: bool = False
+    filtered_advantage: bool = False
+    filtered_kl: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,19 @@ class GreedyCompletion:
 
     token_ids: np.ndarray
     finish_reason: FinishReason
+
+
+def check_prompts(prompt_ids: Sequence[Sequence[int]], max_prompt_tokens: int) -> list[list[int]]:
+    """The prompt rule of every `Generator.generate`: the prompts as int lists; an empty prompt, or
+    one longer than `generation.max_prompt_tokens` (the node checks its prompt set against it at
+    start: `tasks.prompt_lengths`), is a ValueError."""
+    prompts = [[int(t) for t in p] for p in prompt_ids]
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: a completion needs at least one prompt token")
+    longest = max((len(p) for p in prompts), default=0)
+    if longest > max_prompt_tokens:
+        raise ValueError(f"a prompt of {longest} tokens exceeds generation.max_prompt_tokens={max_prompt_tokens}")
+    return prompts
 
 
 class Generator(Protocol):

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,11 +184,19 @@ class RolloutExchange:
         expiration = self.transport.dht_time() + self.record_ttl_s
         return self.transport.store_owned(keys.status_key(self.swarm_id), data, expiration, self.store_timeout)
 
-    def read_statuses(self, timeout: float) -> list[NodeStatus]:
-        """Valid status records of live peers (including this node's), sorted by peer id."""
-        statuses = read_statuses(self.transport, self.swarm_id, self.limits, self.drops, timeout)
+    def read_statuses(self, timeout: float, drops: Counter[str] | None = None) -> list[NodeStatus]:
+        """Valid status records of live peers (including this node's), sorted by peer id. Their
+        tokenizers are noted (`tokenizers`), and the receipts naming this node go to its ledger.
+        Records dropped (`status_<reason>`) are counted in `self.drops`, and in `drops` when given."""
+        read_drops = DropCounter()
+        statuses = read_statuses(self.transport, self.swarm_id, self.limits, read_drops, timeout)
+        self.drops.update(read_drops)
+        if drops is not None:
+            drops.update(read_drops)
         for status in statuses:
             self.tokenizers.note(status.tokenizer_fingerprint, self.transport.dht_time())
+        if self.ledger is not None:
+            self.ledger.note_receipts(statuses)
         return statuses
 
     # ---- gathering ----------------------------------------------------------------------

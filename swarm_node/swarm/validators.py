@@ -12,7 +12,7 @@ the RSA signature and the schema once per distinct record (key, subkey, value, e
 the DHT process's CPU for serving requests; both checks are pure functions of the record (the
 schema check of the record together with whether its key is scheduled as owned-only).
 
-Hygiene against hostile writers (DESIGN.md section 8), all pure functions of the record and DHT
+Hygiene against hostile writers (docs/method.md, hostile peers), all pure functions of the record and DHT
 time, so they hold on store and on read alike:
 
 * `SwarmRecordValidator` refuses an expiration beyond now + `max_ttl_s` (a record cannot squat a
@@ -52,6 +52,7 @@ from hivemind.utils import get_dht_time
 from protocol import codec, keys
 from protocol.messages import NodeStatus, PromptSetManifest, PromptSetTombstone, ProtocolError, RolloutIndex
 from swarm_node.swarm.identity import owner_id
+from swarm_node.swarm.patches import install_storage
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, OwnedValue, blob_digest
 
 logger = logging.getLogger(__name__)
@@ -107,16 +108,22 @@ class VerdictCache:
 
 
 class CachedRSASignatureValidator(RSASignatureValidator):
-    """hivemind's RSASignatureValidator, verifying each distinct signed record once."""
+    """hivemind's RSASignatureValidator, verifying each distinct signed record once. A protected
+    record without its owner's valid signature (a record written under another peer's subkey: a
+    forged status record and its receipts, say) is refused and counted as `bad_signature`."""
 
     def __init__(self, private_key: RSAPrivateKey | None = None) -> None:
         super().__init__(private_key)
         self._cache = VerdictCache()
+        self.refusals = RefusalLog("records without their owner's signature")
 
     def validate(self, record: DHTRecord) -> bool:
         if b"[owner:" not in record.key and b"[owner:" not in (record.subkey or b""):
             return True  # not a protected record (the base class would find no public key)
-        return self._cache.verdict(record, super().validate)
+        ok = self._cache.verdict(record, super().validate)
+        if not ok:
+            self.refusals.add("bad_signature")
+        return ok
 
 
 class OwnedBytesSchema(pydantic_v1.BaseModel):
@@ -285,12 +292,11 @@ class CappedStorage(DHTLocalStorage):
 
     @classmethod
     def install(cls, max_subkeys_per_key: int, max_bytes_per_key: int, max_bytes_per_peer: int) -> None:
-        """Make every DHT protocol created from now on (in this process) use capped storage."""
-        import hivemind.dht.protocol as protocol_module
-
+        """Make every DHT protocol created from now on (in this process) use capped storage
+        (`patches.install_storage`: hivemind builds its storage from a module-level class name)."""
         cls.max_subkeys_per_key, cls.max_bytes_per_key = max_subkeys_per_key, max_bytes_per_key
         cls.max_bytes_per_peer = max_bytes_per_peer
-        protocol_module.DHTLocalStorage = cls
+        install_storage(cls)
 
     def store_subkey(self, key: DHTID, subkey, value: bytes, expiration_time: float) -> bool:
         reason = self._over_cap(key, subkey, len(value), expiration_time)

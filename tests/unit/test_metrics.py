@@ -8,26 +8,33 @@ import urllib.request
 
 import pytest
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
+from swarm_node.metrics import JsonlMetricsWriter, read_metrics_jsonl
 from swarm_node import prometheus
 
 
 def test_every_canonical_name_is_documented():
-    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "TOTAL_DROPPED_PREFIX", "FILTERED_PREFIX")]
+    names = [v for k, v in vars(m).items() if k.isupper() and isinstance(v, str) and k not in ("DROPPED_PREFIX", "TOTAL_DROPPED_PREFIX", "FILTERED_PREFIX", "GIVEN_DROPPED_PREFIX")]
     assert set(names) == set(m.METRICS)
     assert all(m.METRICS[n].strip() for n in names)
     for name in ("kl_p99", "bytes_per_token", "peer_samples_used", "ess", "eval_accuracy"):
         assert name in m.METRICS
 
 
+def test_a_step_takes_each_name_from_one_writer():
+    assert m.merge({m.LOSS: 1}, {m.STEP: 2.0}, {}) == {m.LOSS: 1.0, m.STEP: 2.0}
+    with pytest.raises(ValueError, match="'reward_mean' is written by two writers"):
+        m.merge({m.REWARD_MEAN: 0.5, m.LOSS: 1.0}, {m.REWARD_MEAN: 0.25})
+
+
 def test_jsonl_round_trip_and_reopen(tmp_path):
     path = tmp_path / "node" / "metrics.jsonl"
-    with m.JsonlMetricsWriter(path) as w:
+    with JsonlMetricsWriter(path) as w:
         w.write({m.STEP: 1, m.REWARD_MEAN: 0.25, m.KL_MAX: float("nan")})
         w.write({m.STEP: 2, m.REWARD_MEAN: 0.5})
-    with m.JsonlMetricsWriter(path) as w:  # appends, never truncates complete records
+    with JsonlMetricsWriter(path) as w:  # appends, never truncates complete records
         w.write({m.STEP: 3, m.REWARD_MEAN: 0.75})
-    recs = m.read_metrics_jsonl(path)
+    recs = read_metrics_jsonl(path)
     assert [r[m.STEP] for r in recs] == [1, 2, 3]
     assert [r[m.REWARD_MEAN] for r in recs] == [0.25, 0.5, 0.75]
     assert math.isnan(recs[0][m.KL_MAX])
@@ -36,34 +43,34 @@ def test_jsonl_round_trip_and_reopen(tmp_path):
 def test_reader_tolerates_truncated_last_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n{"step": 3, "lo')
-    recs = m.read_metrics_jsonl(path)
+    recs = read_metrics_jsonl(path)
     assert recs == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}]
 
 
 def test_reader_keeps_complete_last_record_without_newline(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}')
-    assert [r["step"] for r in m.read_metrics_jsonl(path)] == [1, 2]
+    assert [r["step"] for r in read_metrics_jsonl(path)] == [1, 2]
 
 
 def test_reader_rejects_corruption_in_the_middle(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
     with pytest.raises(ValueError, match=":2: corrupt"):
-        m.read_metrics_jsonl(path)
+        read_metrics_jsonl(path)
 
 
 def test_writer_cuts_a_torn_tail_before_appending(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "rew')
-    with m.JsonlMetricsWriter(path) as w:
+    with JsonlMetricsWriter(path) as w:
         w.write({"step": 3})
     assert path.read_text() == '{"step": 1}\n{"step": 3}\n'
-    assert [r["step"] for r in m.read_metrics_jsonl(path)] == [1, 3]
+    assert [r["step"] for r in read_metrics_jsonl(path)] == [1, 3]
 
 
 def test_writer_rejects_non_numbers(tmp_path):
-    with m.JsonlMetricsWriter(tmp_path / "x.jsonl") as w, pytest.raises(TypeError, match="loss"):
+    with JsonlMetricsWriter(tmp_path / "x.jsonl") as w, pytest.raises(TypeError, match="loss"):
         w.write({"loss": "high"})
 
 
@@ -131,7 +138,7 @@ def test_prometheus_addr_parsing():
 
 def test_jsonl_records_are_one_object_per_line(tmp_path):
     path = tmp_path / "m.jsonl"
-    with m.JsonlMetricsWriter(path) as w:
+    with JsonlMetricsWriter(path) as w:
         for s in range(5):
             w.write({m.STEP: s, m.LOSS: s / 10})
     lines = path.read_text().splitlines()

@@ -49,7 +49,7 @@ def frame(body: bytes, kind: int = 1, scheme: int = 0, version: int = 1, declare
         (b"", "truncated"),
         (b"SN\x01", "truncated"),
         (b"XX" + bytes(20), "bad magic"),
-        (frame(b"\x90", version=3), "unsupported protocol version 3"),
+        (frame(b"\x90", version=4), "unsupported protocol version 4"),
         (frame(b"\x90", kind=9), "unknown message type 9"),
         (frame(b"\x90", scheme=7), "unknown compression scheme 7"),
         (frame(b"\x90", declared=1 << 31), "exceeds"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -20,6 +21,7 @@ from protocol.messages import (
     PromptRef,
     PromptSetManifest,
     PromptSetTombstone,
+    Receipt,
     RolloutGroup,
     RolloutIndex,
     SamplingParams,
@@ -72,10 +74,18 @@ index_entries = st.builds(
     policy_version=ints, created_at=floats,
 )
 indexes = st.builds(RolloutIndex, sender=names, window=ints, entries=st.lists(index_entries, max_size=5))
+receipts = st.builds(
+    Receipt, sender=names, taken=ints, samples=ints, gradient=ints, filtered=ints, filtered_advantage=ints,
+    filtered_kl=ints, dropped=st.lists(st.tuples(names, ints), max_size=8),
+)
 statuses = st.one_of(st.builds(
     NodeStatus, peer_id=names, role=st.sampled_from(["trainer", "observer"]), model_id=names, step=ints,
     timestamp=floats, maddrs=st.lists(names, max_size=4),
     metrics=st.dictionaries(st.text(max_size=20), floats, max_size=12), tokenizer_fingerprint=names,
+    receipts_span_s=floats, receipts=st.lists(receipts, max_size=4),
+), st.builds(
+    NodeStatus, protocol_version=st.just(2), peer_id=names, role=st.sampled_from(["trainer", "observer"]),
+    model_id=names, step=ints, timestamp=floats, tokenizer_fingerprint=names,
 ), st.builds(
     NodeStatus, protocol_version=st.just(1), peer_id=names, role=st.sampled_from(["trainer", "observer"]),
     model_id=names, step=ints, timestamp=floats, maddrs=st.lists(names, max_size=4),
@@ -186,6 +196,11 @@ GOLDEN_STATUS_V2_NONE = (
     "302e302e312f7463702f3430303082a86163637572616379cb3fd0000000000000a6726577617264cb3fe00000000000"
     "00a6667030313233"
 )
+GOLDEN_STATUS_V3_NONE = (  # version 3: receipts_span_s and one receipt follow the fingerprint
+    "534e030300810000009aa6516d50656572a7747261696e6572a16d03cb402900000000000091b72f6970342f3132372e"
+    "302e302e312f7463702f3430303082a86163637572616379cb3fd0000000000000a6726577617264cb3fe00000000000"
+    "00a6667030313233cb4082c000000000009198a7516d4f746865720208030404019192a57374616c6501"
+)
 GOLDEN_STATUS_NONE = (  # version 1
     "534e0103005800000097a6516d50656572a7747261696e6572a16d03cb402900000000000091b72f6970342f3132372e"
     "302e302e312f7463702f3430303082a86163637572616379cb3fd0000000000000a6726577617264cb3fe00000000000"
@@ -243,9 +258,16 @@ def test_golden_group_bytes_default_scheme() -> None:
 def test_golden_status_bytes() -> None:
     assert encode(v1(golden_status())).hex() == GOLDEN_STATUS_NONE
     assert decode(bytes.fromhex(GOLDEN_STATUS_NONE)) == v1(golden_status())
-    fingerprinted = NodeStatus(**{**golden_status().__dict__, "tokenizer_fingerprint": "fp0123"})
+    fingerprinted = NodeStatus(**{**golden_status().__dict__, "tokenizer_fingerprint": "fp0123",
+                                  "protocol_version": 2})
     assert encode(fingerprinted).hex() == GOLDEN_STATUS_V2_NONE
     assert decode(bytes.fromhex(GOLDEN_STATUS_V2_NONE)) == fingerprinted
+    receipt = Receipt(sender="QmOther", taken=2, samples=8, gradient=3, filtered=4, filtered_advantage=4,
+                      filtered_kl=1, dropped=(("stale", 1),))
+    with_receipts = NodeStatus(**{**fingerprinted.__dict__, "protocol_version": 3, "receipts_span_s": 600.0,
+                                  "receipts": (receipt,)})
+    assert encode(with_receipts, Scheme.NONE).hex() == GOLDEN_STATUS_V3_NONE
+    assert decode(bytes.fromhex(GOLDEN_STATUS_V3_NONE)) == with_receipts
 
 
 def test_manifest_signing_bytes_exclude_signature() -> None:
@@ -269,7 +291,7 @@ def test_tombstone_signing_bytes_exclude_signature_and_differ_from_a_manifest() 
 
 
 def test_default_scheme_falls_back_to_none_for_small_records() -> None:
-    data = encode(golden_status())
+    data = encode(dataclasses.replace(golden_status(), protocol_version=2))
     assert data[4] == Scheme.NONE
     assert math.isclose(decode(data).metrics["reward"], 0.5)
     assert codec.DEFAULT_SCHEME == Scheme.SHUFFLE_ZSTD

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 from swarm_node.report import console_lines, find_metrics_files, read_summary, summarize, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -64,20 +64,25 @@ def test_report_writes_plots_and_hand_checked_table(run_dir):
         assert f"![{stem}]({stem}.png)" in summary.read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in summary.read_text().splitlines() if line.startswith("| node-")}
-    # node-0: held-out 0.25 -> 0.5 (evals.jsonl); 8 rewards, quarters of 2: (0, .1) -> 0.05 and
+    # node-0: held-out 0.25 -> 0.5 (evals.jsonl: 16/64 -> 32/64, Wilson intervals; rows without per-problem
+    # outcomes: Newcombe's interval of the difference, above 0); 8 rewards, quarters of 2: (0, .1) -> 0.05 and
     # (.6, .7) -> 0.65; last 3 accuracies (.5, .5, .6) -> 0.533; own 8*32 = 256; peer used
     # 0+4+8*6 = 52, with gradient half of each: 26; drops at steps 3 and 6.
-    assert rows["node-0"] == ["8", "0.250", "0.500", "0.050", "0.650", "0.500", "0.533", "256", "52", "26",
-                              "0.250", "bad_tokenizer: 2, stale: 4"]
+    assert rows["node-0"] == ["8", "0.250 [0.160, 0.368]", "0.500 [0.381, 0.619]",
+                              "improved (+0.250, 95% interval [+0.082, +0.399])", "0.050", "0.650", "0.500",
+                              "0.533", "256", "52", "26", "", "0.250", "bad_tokenizer: 2, stale: 4"]
     # node-1: the torn last line is ignored; no evaluation; quarters of 1: 0.2 and 0.6.
-    assert rows["node-1"] == ["4", "", "", "0.200", "0.600", "0.500", "0.500", "128", "8", "4", "0.250", "none"]
-    assert "held-out (64) before | after" in summary.read_text()
+    assert rows["node-1"] == ["4", "", "", "", "0.200", "0.600", "0.500", "0.500", "128", "8", "4", "", "0.250", "none"]
+    assert "held-out (64) before [95%] | after [95%] | held-out change" in summary.read_text()
     assert _png_size(run_dir / "report" / "heldout.png")[2] > 5000
     saved = {r["name"]: r for r in json.loads((run_dir / "report" / "summary.json").read_text())}
     assert saved["node-0"]["heldout_before"] == 0.25 and saved["node-0"]["heldout_after"] == 0.5
+    assert saved["node-0"]["heldout_change"]["verdict"] == "improved" and saved["node-0"]["heldout_after_step"] == 8
+    assert saved["node-0"]["heldout_before_interval"] == pytest.approx([0.160, 0.368], abs=1e-3)
     assert saved["node-1"]["heldout_before"] is None and saved["node-1"]["reward_last_quarter"] == 0.6
     lines = console_lines(read_summary(run_dir / "report"))
-    assert lines[0].startswith("node-0: held-out 0.250 -> 0.500; reward first quarter 0.050 -> last quarter 0.650")
+    assert lines[0].startswith("node-0: held-out 0.250 [0.160, 0.368] -> 0.500 [0.381, 0.619] at step 8: improved "
+                               "(+0.250, 95% interval [+0.082, +0.399]); reward first quarter 0.050 -> last quarter 0.650")
     assert lines[1].startswith("node-1: held-out not evaluated")
 
 

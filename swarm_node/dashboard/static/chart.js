@@ -1,5 +1,6 @@
 // A small SVG line chart: axes, "nice" ticks, one polyline per series. No dependencies.
-// lineChart(svg, series, opts): series = [{points: [[x, y], ...], color, dash, peer, key}]
+// lineChart(svg, series, opts): series = [{points: [[x, y], ...], color, dash, peer, key}]; a series may add
+// `bars: [[x, lo, hi], ...]` (error bars: an interval at each point, drawn with its point marked).
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -33,7 +34,7 @@ function lineChart(svg, series, opts) {
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("class", "plot");
   while (svg.firstChild) svg.removeChild(svg.firstChild);
-  const pts = series.flatMap((s) => s.points);
+  const pts = series.flatMap((s) => [...s.points, ...(s.bars || []).flatMap((b) => [[b[0], b[1]], [b[0], b[2]]])]);
   if (pts.length === 0) {
     svgEl("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty" }, svg).textContent = "no data yet";
     return;
@@ -59,17 +60,30 @@ function lineChart(svg, series, opts) {
   svgEl("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }, svg);
   svgEl("text", { x: W - R, y: H - 2, "text-anchor": "end" }, svg).textContent = (opts && opts.xLabel) || "step";
 
+  const barred = series.filter((s) => s.bars && s.points.length);
   for (const s of series) {
     if (s.points.length === 0) continue;
+    // series with error bars are shifted apart by a few pixels, so bars at one step do not hide each other
+    const dx = s.bars ? (barred.indexOf(s) - (barred.length - 1) / 2) * 4 : 0;
+    const px = (x) => sx(x) + dx;
     const attr = {
-      points: s.points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "),
+      points: s.points.map((p) => `${px(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" "),
       stroke: s.color, "data-peer": s.peer, "data-key": s.key, "data-n": s.points.length,
     };
     if (s.dash) attr["stroke-dasharray"] = s.dash;
     svgEl("polyline", attr, svg);
     const last = s.points[s.points.length - 1];
-    svgEl("circle", { cx: sx(last[0]), cy: sy(last[1]), r: 2.5, fill: s.color }, svg);
+    svgEl("circle", { cx: px(last[0]), cy: sy(last[1]), r: 2.5, fill: s.color }, svg);
+    for (const [x, lo, hi] of s.bars || []) errorBar(svg, px(x), sy(lo), sy(hi), s);
+    if (s.bars) for (const [x, y] of s.points) svgEl("circle", { cx: px(x), cy: sy(y), r: 2.5, fill: s.color }, svg);
   }
+}
+
+// A vertical bar from y `top` to `bottom` at x, with caps, in the series' colour.
+function errorBar(svg, x, bottom, top, s) {
+  const attrs = { stroke: s.color, class: "errbar", "data-peer": s.peer };
+  svgEl("line", { ...attrs, x1: x, x2: x, y1: top, y2: bottom }, svg);
+  for (const y of [top, bottom]) svgEl("line", { ...attrs, x1: x - 3, x2: x + 3, y1: y, y2: y }, svg);
 }
 
 window.lineChart = lineChart;

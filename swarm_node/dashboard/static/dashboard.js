@@ -9,7 +9,7 @@ const DASHES = [null, "5 3", "2 2", "8 3 2 3"];
 // Each chart plots, for every peer, one line per key (keys differ by dash style).
 const CHARTS = [
   { id: "reward", title: "Reward (mean, own samples)", keys: [["reward_mean", "reward"]] },
-  { id: "accuracy", title: "Accuracy", keys: [["accuracy", "train"], ["eval_accuracy", "eval"]], yMin: 0 },
+  { id: "accuracy", title: "Accuracy (own samples; held-out: its own chart)", keys: [["accuracy", "train"]], yMin: 0 },
   { id: "filtered", title: "Filtered fraction by reason", yMin: 0,
     keys: [["filtered_fraction_nonpositive_advantage", "advantage ≤ 0"], ["filtered_fraction_kl", "KL > g"]] },
   { id: "kl", title: "KL per sample (objective.kl_estimator)", keys: [["kl_mean", "mean"], ["kl_p90", "p90"]], yMin: 0 },
@@ -18,6 +18,10 @@ const CHARTS = [
   { id: "bpt", title: "Bytes per token (published)", keys: [["bytes_per_token", "bytes/token"]], yMin: 0 },
   { id: "rate", title: "Step rate (steps/min)", keys: [["steps_per_min", "steps/min"]], yMin: 0 },
 ];
+
+// Held-out accuracy over steps: the evaluations the peers' status records carried (each node's latest,
+// gathered while the page runs) and the whole trend of the local nodes given with --node-dir.
+const HELDOUT = { id: "heldout", title: "Held-out accuracy (greedy pass@1; bars: 95% interval)" };
 
 const peerColor = {};
 function colorFor(peer) {
@@ -46,7 +50,7 @@ function fmt(v, digits) {
 
 function buildCharts() {
   const root = document.getElementById("charts");
-  for (const c of CHARTS) {
+  for (const c of [HELDOUT, ...CHARTS]) {
     const fig = document.createElement("figure");
     fig.className = "chart";
     fig.dataset.chart = c.id;
@@ -54,7 +58,8 @@ function buildCharts() {
     cap.textContent = c.title;
     const keys = document.createElement("div");
     keys.className = "keys";
-    keys.textContent = c.keys.length > 1
+    keys.textContent = !c.keys ? "a line per node; local nodes by directory"
+      : c.keys.length > 1
       ? c.keys.map(([, label], i) => `${label}: ${i === 0 ? "solid" : "dashed"}`).join(" · ") : "";
     fig.append(cap, keys);
     fig.appendChild(document.createElementNS("http://www.w3.org/2000/svg", "svg"));
@@ -76,6 +81,25 @@ function drawCharts(series) {
   }
 }
 
+// A held-out series: points at the evaluated steps, each with its 95% interval.
+function heldoutLine(peer, points) {
+  return { peer, key: "heldout", points: points.map((e) => [e.step, e.accuracy]),
+    bars: points.map((e) => [e.step, e.lo, e.hi]), color: colorFor(peer) };
+}
+
+function drawHeldout(series, nodes) {
+  const lines = Object.entries(series).filter(([, s]) => s.evals && s.evals.length)
+    .map(([peer, s]) => heldoutLine(peer, s.evals));
+  for (const node of nodes) if (node.points.length) lines.push(heldoutLine(node.node_dir, node.points));
+  window.lineChart(document.querySelector(`figure[data-chart="${HELDOUT.id}"] svg`), lines, { yMin: 0 });
+}
+
+// '0.23 [0.15, 0.35] @20': the latest held-out accuracy, its 95% interval and the step it followed.
+function heldoutCell(m) {
+  if (m.eval_accuracy === null || m.eval_accuracy === undefined) return "–";
+  return `${fmt(m.eval_accuracy, 2)} [${fmt(m.eval_lo, 2)}, ${fmt(m.eval_hi, 2)}] @${fmt(m.eval_step, 0)}`;
+}
+
 function drawTable(peers, serverTime) {
   const body = document.querySelector("#peers tbody");
   body.replaceChildren();
@@ -84,7 +108,7 @@ function drawTable(peers, serverTime) {
     // dropped_<reason> counts one step; total_dropped_<reason> since the node started
     const drops = Object.entries(m).filter(([k]) => k.startsWith("total_dropped_")).reduce((a, [, v]) => a + (v || 0), 0);
     const cells = [
-      shortId(p.peer_id), p.model_id, tokenizerCell(p), p.step, fmt(m.reward_mean), fmt(m.accuracy),
+      shortId(p.peer_id), p.model_id, tokenizerCell(p), p.step, fmt(m.reward_mean), fmt(m.accuracy), heldoutCell(m),
       fmt(m.own_samples, 0), fmt(m.peer_samples_used, 0),
       `${fmt(m.filtered_nonpositive_advantage, 0)} / ${fmt(m.filtered_kl, 0)}`, fmt(drops, 0),
       fmt(m.tokens_per_s, 1), p.warning ? `${fmt(m.live_peers, 0)} ⚠ ${p.warning}` : fmt(m.live_peers, 0),
@@ -112,8 +136,16 @@ function drawTable(peers, serverTime) {
 }
 
 const LEDGER_COLUMNS = ["peer", "taken / offered", "dropped (top reason)", "tokenizer", "samples", "gradient",
-  "filtered", "cross-tok", "x-tok grad", "kl mean", "kl p90", "w mean", "w p90", "reward", "reputation",
-  "last seen"];
+  "filtered", "it took ours", "our samples w/ grad there", "it dropped ours", "cross-tok", "x-tok grad", "kl mean",
+  "kl p90", "w mean", "w p90", "reward", "reputation", "last seen"];
+
+// What the peer's receipt says it did with this node's groups (its status record; "–": no receipt).
+function givenCells(g) {
+  if (!g) return ["–", "–", "–"];
+  const reasons = Object.entries(g.dropped_by_reason).sort((a, b) => b[1] - a[1]);
+  return [String(g.taken), `${g.gradient} / ${g.samples}`,
+    reasons.length ? `${g.dropped} (${reasons[0][0]})` : String(g.dropped)];
+}
 
 function ledgerCells(r, serverTime) {
   const reasons = Object.entries(r.dropped_by_reason).sort((a, b) => b[1] - a[1]);
@@ -121,7 +153,7 @@ function ledgerCells(r, serverTime) {
   return [
     shortId(r.peer_id), `${r.taken} / ${r.offered}`, reasons.length ? `${r.dropped} (${reasons[0][0]})` : String(r.dropped),
     ledgerTokenizer(r), r.samples, r.samples ? fmt(r.gradient_share, 2) : "–", r.samples ? fmt(r.filtered_share, 2) : "–",
-    r.crosstok, r.crosstok ? fmt(r.crosstok_gradient_share, 2) : "–",
+    ...givenCells(r.given), r.crosstok, r.crosstok ? fmt(r.crosstok_gradient_share, 2) : "–",
     has(r.kl) ? fmt(r.kl.mean) : "–", has(r.kl) ? fmt(r.kl.p90) : "–",
     has(r.is_weight) ? fmt(r.is_weight.mean) : "–", has(r.is_weight) ? fmt(r.is_weight.p90) : "–",
     has(r.reward) ? fmt(r.reward.mean) : "–", r.reputation.excluded ? "excluded" : fmt(r.reputation.weight, 2),
@@ -167,10 +199,11 @@ async function getJson(path) {
 async function refresh() {
   const status = document.getElementById("status");
   try {
-    const [peers, history, ledger] = await Promise.all([getJson("/api/peers"), getJson("/api/history"),
-      getJson("/api/ledger")]);
+    const [peers, history, ledger, heldout] = await Promise.all([getJson("/api/peers"), getJson("/api/history"),
+      getJson("/api/ledger"), getJson("/api/heldout")]);
     drawTable(peers.peers, peers.server_time);
     drawCharts(history.series);
+    drawHeldout(history.series, heldout.nodes);
     drawLedger(ledger);
     const when = new Date().toLocaleTimeString();
     status.className = peers.last_error ? "error" : "muted";
