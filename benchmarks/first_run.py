@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import emit
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
+from swarm_node.metrics import latest_run, read_metrics_jsonl
 from swarm_node.heldout_eval import read_evals
 from swarm_node.report import summarize
 
@@ -32,7 +33,7 @@ def quarters(values: list[float]) -> list[float | None]:
 
 
 def node_result(node_dir: Path) -> dict:
-    rows = m.latest_run(m.read_metrics_jsonl(node_dir / "metrics.jsonl"))
+    rows = latest_run(read_metrics_jsonl(node_dir / "metrics.jsonl"))
     rewards = [float(r[m.REWARD_MEAN]) for r in rows]
     s = summarize(node_dir.name, rows, evals=read_evals(node_dir))
     return {"steps": s.steps, "reward_by_quarter": quarters(rewards),

@@ -229,6 +229,13 @@ def text_reasons(text: str, piece_bytes: np.ndarray, n_tokens: int, limits: Vali
     return reasons
 
 
+def first_forbidden_char(text: str) -> int:
+    """Index of the first character of `text` a completion text may not hold, len(text) when none
+    (senders trim a completion to the text before it: `swarm_node.policy.pieces.faithful_prefix`)."""
+    m = _FORBIDDEN_CHARS.search(text)
+    return m.start() if m else len(text)
+
+
 def _check_completion(
     token_ids: np.ndarray, logprobs: np.ndarray, finish_reason: str, max_tokens: int, limits: ValidationLimits,
     reasons: list[str], foreign: bool = False,

@@ -40,12 +40,19 @@ DROP_TEXT_TOO_LONG = "text_too_long"
 
 
 class ForeignCompletion(Protocol):
-    """What the receiver reads of a wire completion (`protocol.messages.Completion`)."""
+    """What the receiver reads of a wire completion (`protocol.messages.Completion`, frozen)."""
 
-    text: str
-    piece_bytes: np.ndarray  # uint16 [T]
-    logprobs: np.ndarray  # float32 [T]
-    finish_reason: str
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def piece_bytes(self) -> np.ndarray: ...  # uint16 [T]
+
+    @property
+    def logprobs(self) -> np.ndarray: ...  # float32 [T]
+
+    @property
+    def finish_reason(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A node's network health in every step's metrics (and so in its status record and /metrics).
 
-Per step (names in metrics.py): live peers and routing table size (what the membership keeper last
+Per step (names in metric_names.py): live peers and routing table size (what the membership keeper last
 saw), publish and gather seconds, bytes sent and received, failed index reads and failed stores,
 `dropped_<reason>` for the step and `total_dropped_<reason>` since the node started, and
 `alone_steps`: consecutive steps without a live peer. When a node has been alone for
@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import Protocol
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,20 @@ def alone_warning(metrics: Mapping[str, float], warn_steps: int = ALONE_WARN_STE
             "if it never had one")
 
 
+class NetworkCounters(Protocol):
+    """What the tracker reads of a transport (`swarm.transport.Transport`): its traffic counters and
+    its health (empty when it cannot tell, as the in-memory one)."""
+
+    traffic: Counter[str]
+
+    def health(self) -> dict[str, float]: ...
+
+
 class HealthTracker:
     """Turns the transport's counters into per-step health metrics. `transport` may be None (a node
-    training alone by config) or lack health() (the in-memory fake): those fields are then left out."""
+    training alone by config) or report no health (the in-memory one): those fields are then left out."""
 
-    def __init__(self, transport: Any | None, warn_steps: int = ALONE_WARN_STEPS) -> None:
+    def __init__(self, transport: NetworkCounters | None, warn_steps: int = ALONE_WARN_STEPS) -> None:
         self.transport = transport
         self.warn_steps = warn_steps
         self.alone_steps = 0
@@ -53,20 +62,19 @@ class HealthTracker:
         out: dict[str, float] = {m.PUBLISH_SECONDS: publish_seconds, m.GATHER_SECONDS: gather_seconds}
         out.update({m.dropped_name(r): float(n) for r, n in step_drops.items()})
         out.update({m.total_dropped_name(r): float(n) for r, n in self.total_drops.items()})
-        traffic = getattr(self.transport, "traffic", None)
-        if traffic is not None:
-            for name, key in _TRAFFIC.items():
-                now = float(traffic.get(key, 0))
-                out[name] = now - self._traffic_seen.get(key, 0.0)
-                self._traffic_seen[key] = now
-        health = self.transport.health() if hasattr(self.transport, "health") else {}
+        if self.transport is None:
+            return out
+        for name, key in _TRAFFIC.items():
+            now = float(self.transport.traffic.get(key, 0))
+            out[name] = now - self._traffic_seen.get(key, 0.0)
+            self._traffic_seen[key] = now
+        health = self.transport.health()
         out.update({k: float(v) for k, v in health.items() if k in (m.LIVE_PEERS, m.ROUTING_TABLE_SIZE)})
-        if self.transport is not None:
-            live = health.get(m.LIVE_PEERS)
-            alone = (live == 0) if live is not None else peer_groups == 0
-            self.alone_steps = self.alone_steps + 1 if alone else 0
-            out[m.ALONE_STEPS] = float(self.alone_steps)
-            warning = alone_warning(out, self.warn_steps)
-            if warning and self.alone_steps % self.warn_steps == 0:
-                log.warning(warning)
+        live = health.get(m.LIVE_PEERS)
+        alone = (live == 0) if live is not None else peer_groups == 0
+        self.alone_steps = self.alone_steps + 1 if alone else 0
+        out[m.ALONE_STEPS] = float(self.alone_steps)
+        warning = alone_warning(out, self.warn_steps)
+        if warning and self.alone_steps % self.warn_steps == 0:
+            log.warning(warning)
         return out

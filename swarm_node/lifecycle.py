@@ -1,6 +1,6 @@
 """Process lifecycle: signals from the first instant, a parent-death watch, and the node-dir lock.
 
-Signals. `install_signal_handlers()` runs before anything else in every command (errors.run_cli).
+Signals. `install_signal_handlers()` runs before anything else in every command (cli_common.run_cli).
 Until a command registers a graceful stop with `on_stop(callback)`, SIGINT or SIGTERM raises
 `Interrupted` in the main thread, so a Ctrl-C while a model loads ends the process at once (and,
 should a library swallow the exception, a backstop ends it `STOP_GRACE_S` later). After

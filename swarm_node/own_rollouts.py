@@ -3,8 +3,8 @@ scored and become training samples (`own_samples`) and the wire groups peers fet
 (`to_wire_groups`), with every completion's text and piece bytes when the swarm needs them
 (`sends_text`: `swarm.send_text`).
 
-Peers' groups go the other way in `rollouts.py`, which also holds what both sides use (the
-tokenizer lock, prompt rendering, group keys).
+Peers' groups go the other way in `rollouts.py`, which also holds what both sides use
+(`TOKENIZER_LOCK`, `decode`, `group_key`). Both see the node through `parts.NodeParts`.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
+from typing import cast
 import numpy as np
 
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
-from swarm_node.policy.pieces import completion_text
+from swarm_node.policy.pieces import faithful_prefix
 from swarm_node.policy.types import GeneratedCompletion, TrainSample
-from swarm_node.rollouts import _TOKENIZER_LOCK, _decode, _group_key
+from swarm_node.parts import NodeParts
+from swarm_node.rollouts import TOKENIZER_LOCK, decode, group_key
 from swarm_node.tasks.base import Problem
 
 
@@ -28,7 +28,8 @@ class OwnBatch:
     samples: list[TrainSample] = field(default_factory=list)
     rewards: list[list[float]] = field(default_factory=list)  # [prompt][completion]
     text_groups: int = 0  # wire groups sent with completion text (swarm.send_text)
-    text_withheld: int = 0  # groups sent without text: some completion had no faithful text (policy/pieces.py)
+    text_withheld: int = 0  # groups sent without text: some completion had no faithful prefix (policy/pieces.py)
+    text_trimmed: int = 0  # completions sent as their longest prefix with faithful text (cut mid-character)
 
     @property
     def reward_mean(self) -> float:
@@ -47,15 +48,15 @@ class OwnBatch:
         return float(np.mean([len(set(g)) > 1 for g in self.rewards])) if self.rewards else 0.0
 
 
-def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
+def own_samples(parts: NodeParts, problems: Sequence[Problem], prompt_ids: Sequence[Sequence[int]],
                 completions: Sequence[Sequence[GeneratedCompletion]], step: int, window: int) -> OwnBatch:
     """Score own completions and turn them into samples (generator logprobs come from the sampler)."""
     batch = OwnBatch()
     for problem, prompt, group in zip(problems, prompt_ids, completions, strict=True):
-        key = _group_key(parts, "self", step, problem.index)
+        key = group_key(parts, "self", step, problem.index)
         rewards = []
         for c in group:
-            reward = float(parts.reward_fn(_decode(parts, c.token_ids), problem))
+            reward = float(parts.reward_fn(decode(parts, c.token_ids), problem))
             rewards.append(reward)
             batch.samples.append(TrainSample(
                 group_key=key, prompt_ids=np.asarray(prompt, dtype=np.int64),
@@ -66,7 +67,7 @@ def own_samples(parts: Any, problems: Sequence[Problem], prompt_ids: Sequence[Se
     return batch
 
 
-def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
+def to_wire_groups(parts: NodeParts, problems: Sequence[Problem], completions: Sequence[Sequence[GeneratedCompletion]],
                    own: OwnBatch, step: int, created_at: float) -> list[RolloutGroup]:
     """The wire form of this step's own groups (claimed rewards are informational for peers).
     `created_at`: the DHT time the step started, whose window binds its prompts (swarm/binding.py).
@@ -92,22 +93,29 @@ def to_wire_groups(parts: Any, problems: Sequence[Problem], completions: Sequenc
     return groups
 
 
-def sends_text(parts: Any) -> bool:
+def sends_text(parts: NodeParts) -> bool:
     """`swarm.send_text`: always, never, or (auto) while another tokenizer is seen in the swarm."""
     mode = parts.config.swarm.send_text
     if mode != "auto":
         return mode == "always"
-    census = getattr(parts.exchange, "tokenizers", None)
-    return census is not None and bool(census.others(parts.dht_time()))
+    return parts.exchange is not None and bool(parts.exchange.tokenizers.others(parts.dht_time()))
 
 
-def _with_text(parts: Any, comps: list[Completion], own: OwnBatch) -> list[Completion]:
-    """`comps` with text and piece bytes, or unchanged when one of them has no faithful text."""
-    with _TOKENIZER_LOCK:
-        texts = [completion_text(parts.policy.tokenizer, c.token_ids) for c in comps]
-    if any(t is None for t in texts):
+def _with_text(parts: NodeParts, comps: list[Completion], own: OwnBatch) -> list[Completion]:
+    """`comps` with text and piece bytes; a completion without faithful text as a whole (cut
+    mid-character by the token cap, a stray byte) is sent as its longest prefix that has one
+    (`policy.pieces.faithful_prefix`, finish_reason "length"); `comps` unchanged when some
+    completion has no faithful prefix at all."""
+    with TOKENIZER_LOCK:
+        found = [faithful_prefix(parts.policy.tokenizer, c.token_ids) for c in comps]
+    if any(f is None for f in found):
         own.text_withheld += 1
         return comps
     own.text_groups += 1
-    return [dataclasses.replace(c, text=text, piece_bytes=pieces)
-            for c, (text, pieces) in zip(comps, texts, strict=True)]  # type: ignore[misc]
+    out = []
+    for c, (k, text, pieces) in zip(comps, cast(list[tuple[int, str, np.ndarray]], found), strict=True):
+        if k < len(c.token_ids):
+            own.text_trimmed += 1
+            c = dataclasses.replace(c, token_ids=c.token_ids[:k], logprobs=c.logprobs[:k], finish_reason="length")
+        out.append(dataclasses.replace(c, text=text, piece_bytes=pieces))
+    return out

@@ -74,6 +74,8 @@ import numpy as np
 import torch
 
 from protocol.messages import RolloutGroup
+from swarm_node import metric_names as m
+from swarm_node.tasks.base import Problem
 
 LOGPROB_MISMATCH = "logprob_mismatch"
 CHECKED, UNCHECKED, OVER_BUDGET = "checked", "unchecked", "over_budget"
@@ -156,7 +158,7 @@ def policy_reference(policy: Any) -> Reference:
                      revision=policy.revision or "", adapter_digest="", fingerprint=policy.fingerprint)
 
 
-Render = Callable[[Any, Any], Sequence[int]]  # (tokenizer, problem) -> prompt token ids
+Render = Callable[[Any, Problem], Sequence[int]]  # (tokenizer, problem) -> prompt token ids
 
 
 @dataclass
@@ -176,7 +178,7 @@ class SpotSession:
     tokens: int = 0
     mismatches: list[float] = field(default_factory=list)  # per checked group
 
-    def check(self, group: RolloutGroup, problem: Any) -> str | None:
+    def check(self, group: RolloutGroup, problem: Problem) -> str | None:
         """LOGPROB_MISMATCH to drop `group`, else None (checked and passed, or not checked)."""
         ref = next((r for r in self.references if r.matches(group)), None)
         if ref is None:
@@ -204,10 +206,10 @@ class SpotSession:
         return None
 
     def metrics(self) -> dict[str, float]:
-        return {"spot_checked": float(self.counts[CHECKED]), "spot_unchecked": float(self.counts[UNCHECKED]),
-                "spot_over_budget": float(self.counts[OVER_BUDGET]),
-                "spot_mismatch": float(self.counts[LOGPROB_MISMATCH]), "spot_seconds": self.seconds,
-                "spot_tokens": float(self.tokens)}
+        return {m.SPOT_CHECKED: float(self.counts[CHECKED]), m.SPOT_UNCHECKED: float(self.counts[UNCHECKED]),
+                m.SPOT_OVER_BUDGET: float(self.counts[OVER_BUDGET]),
+                m.SPOT_MISMATCH: float(self.counts[LOGPROB_MISMATCH]), m.SPOT_SECONDS: self.seconds,
+                m.SPOT_TOKENS: float(self.tokens)}
 
 
 def recompute(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: dict[int, list[int]]

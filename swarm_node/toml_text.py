@@ -30,7 +30,8 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     node[parts[-1]] = value
 
 
-def _toml_value(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """One value as TOML text (bool, number, string, or a list of them)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -38,12 +39,13 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A nested dict as TOML text: scalars first, then one [section] per nested dict."""
+    scalars = [f"{k} = {toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
     out = []
     if scalars:
         if prefix:
@@ -52,5 +54,5 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
         out.append("")
     for k, v in data.items():
         if isinstance(v, dict):
-            out.append(_to_toml(v, f"{prefix}.{k}" if prefix else k))
+            out.append(to_toml(v, f"{prefix}.{k}" if prefix else k))
     return "\n".join(out)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.toml_text import _to_toml
+from swarm_node.toml_text import to_toml
 
 TINY_MODEL = "tiny-random:64x1:a"
 
@@ -34,7 +34,7 @@ def tiny_config(cache: Path, **sections: dict[str, Any]) -> dict[str, Any]:
 
 
 def tiny_toml(cache: Path, **sections: Any) -> str:
-    return _to_toml(tiny_config(cache, **{k: str(v) if isinstance(v, Path) else v for k, v in sections.items()}))
+    return to_toml(tiny_config(cache, **{k: str(v) if isinstance(v, Path) else v for k, v in sections.items()}))
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, procs: Iterable[subprocess.Popen] = (),

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from swarm_node.experiment.summary import mean_ci
+from swarm_node.experiment.stats import mean_ci
 
 USAGE = "python -m swarm_node.experiment.compare OUT specialists/f-tis homog-add/homogeneous add-spec [accuracy_sub]"
 

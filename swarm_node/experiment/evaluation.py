@@ -75,11 +75,14 @@ class Evaluator:
         self.model_keys: dict[str, str] = {}
 
     def _one(self, policy: Any, problems: PromptSet, prefix: str) -> dict[str, float]:
+        from swarm_node.config import GenerationConfig
         from swarm_node.evaluate import evaluate
+        from swarm_node.policy.generation import HFGenerator
 
         e = self.spec.eval
-        r = evaluate(policy.model, policy.tokenizer, problems, self.reward_fn, batch_size=e.batch_size,
-                     max_new_tokens=e.max_new_tokens, device=policy.device, system_prompt=self.system_prompt,
+        greedy = HFGenerator(policy, GenerationConfig())  # the policy's own module, greedy: no sampling settings
+        r = evaluate(greedy, policy.tokenizer, problems, self.reward_fn, batch_size=e.batch_size,
+                     max_new_tokens=e.max_new_tokens, system_prompt=self.system_prompt,
                      worked_example=self.worked_example, progress=False)
         correct = [rec["correct"] for rec in r["records"]]
         return {f"{prefix}accuracy": r["accuracy"], f"{prefix}n": r["n"],

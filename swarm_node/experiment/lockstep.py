@@ -22,12 +22,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
+
+if TYPE_CHECKING:
+    from swarm_node.node import Node
+    from swarm_node.parts import NodeParts
 
 T0 = 1_700_000_000.0  # lockstep DHT time origin (a plausible wall-clock time)
 
@@ -89,8 +93,8 @@ class LaggedTransport(MemoryTransport):
 @dataclass
 class LockstepNode:
     name: str
-    node: Any  # swarm_node.node.Node
-    parts: Any  # swarm_node.node.NodeParts
+    node: Node
+    parts: NodeParts
 
 
 def build_nodes(configs: list[tuple[str, Any]], peer_lag: int) -> tuple[list[LockstepNode], RoundClock, Delivery | None]:

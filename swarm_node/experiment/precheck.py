@@ -91,7 +91,8 @@ def check_direction(node_cfg: Any, peer_cfg: Any, skill: str, prompts: int, seed
     if not kept:
         return {**out, "kl_p50": math.nan, "weight_p50": math.nan, "survive": False}
     theta = token_logprobs(node.model, [pid for pid, _ in kept], [c.token_ids for _, c in kept],
-                           node_cfg.generation.temperature, node_cfg.train.micro_batch_size)
+                           node_cfg.generation.temperature,
+                           node_cfg.train.micro_batch_size or node_cfg.generation.group_size)  # 0: picked at start
     theta_lp, mask = padded_batch(theta)  # [B, T]
     gen_lp, _ = padded_batch([torch.as_tensor(c.logprobs, dtype=torch.float32) for _, c in kept])  # [B, T]
     obj = node_cfg.objective

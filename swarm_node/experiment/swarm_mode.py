@@ -20,7 +20,7 @@ from typing import Any
 
 from swarm_node.atomic import atomic_write_text
 from swarm_node.config import NodeConfig
-from swarm_node.toml_text import _to_toml, _toml_value
+from swarm_node.toml_text import to_toml, toml_value
 from swarm_node.experiment.lockstep import eval_steps
 
 PER_PROCESS = ("node_dir",)  # `swarm-node local` fills these in itself
@@ -52,10 +52,10 @@ def local_file(configs: list[tuple[str, NodeConfig]], every: int, steps: int) ->
         dumps.append(d)
     shared = dumps[0]
     flat_shared = _flatten(shared)
-    lines = [f"nodes = {len(configs)}", "", _to_toml(shared)]
+    lines = [f"nodes = {len(configs)}", "", to_toml(shared)]
     for (name, _), d in zip(configs, dumps, strict=True):
-        diff = [f"{k}={_toml_value(v)}" for k, v in _flatten(d).items() if flat_shared.get(k) != v]
-        lines += ["[[node]]", f"name = {_toml_value(name)}", f"set = {_toml_value(diff)}", ""]
+        diff = [f"{k}={toml_value(v)}" for k, v in _flatten(d).items() if flat_shared.get(k) != v]
+        lines += ["[[node]]", f"name = {toml_value(name)}", f"set = {toml_value(diff)}", ""]
     return "\n".join(lines)
 
 

@@ -59,6 +59,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from swarm_node import metric_names as m
 from swarm_node.config import ObjectiveConfig, TrainConfig
 from swarm_node.objective import ObjectiveInputs, ObjectiveStats, objective_loss
 from swarm_node.policy.models import Policy
@@ -167,20 +168,20 @@ class Trainer:
         finally:
             model.train(was_training)
         self.step_count += 1
-        return {
-            **stats.to_dict(), "lr": lr, **sample_metrics(samples), **first,
-            "optimizer_steps": float(optimizer_steps),
-            "skipped": float(optimizer_steps == 0),
-            "skipped_samples": float(len(samples) - len(dropped) - sum(len(mb) for mb in batch.micro_batches)),
-            "nonfinite_dropped_samples": float(len(dropped)),
-            "nonfinite_senders": float(len({s.source for s in self.poisoned})),
-        }
+        return m.merge(stats.to_dict(), sample_metrics(samples), first, {
+            m.LR: lr,
+            m.OPTIMIZER_STEPS: float(optimizer_steps),
+            m.SKIPPED: float(optimizer_steps == 0),
+            m.SKIPPED_SAMPLES: float(len(samples) - len(dropped) - sum(len(mb) for mb in batch.micro_batches)),
+            m.NONFINITE_DROPPED_SAMPLES: float(len(dropped)),
+            m.NONFINITE_SENDERS: float(len({s.source for s in self.poisoned})),
+        })
 
     def _epochs(self, samples: Sequence[TrainSample], start_epoch: int
                 ) -> tuple[ObjectiveStats, dict[str, float], int, Batch]:
         """Epochs `start_epoch..epochs_per_batch-1` over `samples`: (last epoch's stats, first
         epoch's loss and gradient norm, optimizer steps taken, the batch). Raises `_NonFinite`."""
-        first = {"loss": 0.0, "grad_norm": 0.0}
+        first = {m.LOSS: 0.0, m.GRAD_NORM: 0.0}
         stats = ObjectiveStats.empty()
         optimizer_steps = 0
         self.policy.model.train(self.dropout)  # eval mode unless dropout is configured (see _accumulate)
@@ -197,7 +198,7 @@ class Trainer:
                 raise
             optimizer_steps += int(stepped)
             if epoch == start_epoch:
-                first = {"loss": loss, "grad_norm": grad_norm}
+                first = {m.LOSS: loss, m.GRAD_NORM: grad_norm}
         return stats, first, optimizer_steps, batch
 
     def _blame(self, samples: Sequence[TrainSample], bad: _NonFinite) -> tuple[list[TrainSample], list[TrainSample]]:

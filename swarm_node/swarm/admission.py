@@ -5,7 +5,8 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
 * **Allow-list** (closed swarms, optional): only groups of listed peer ids are taken (`not_allowed`).
 * **Reputation** (`Reputation`): a peer's drops (anything it published that was refused, weighted
   lightly for network weather such as timeouts and missing chunks) and failed checks lower its
-  share; enough faults with few accepted groups exclude it (`excluded_peer`) until its faults decay.
+  share, except drops that say nothing about its honesty (`HONEST_REASONS`: another tokenizer
+  without text, a group that arrived after this node's window); enough faults with few accepted groups exclude it (`excluded_peer`) until its faults decay.
 * **Fair sampling** (`fair_sample`): candidates are taken one group per identity per round, the
   identities ordered by reputation weight (random among equals), each up to its quota of
   `max_per_peer` scaled by its weight; so a peer listing many groups gets no more than one listing
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from protocol.messages import RolloutGroup
+from protocol.validate import TOKENIZER_MISMATCH
 from swarm_node.swarm.binding import SLOT_OVERUSED, WRONG_PROMPT, PromptAssignment, WindowQuota
 
 __all__ = ["SLOT_OVERUSED", "WRONG_PROMPT", "Admission", "PromptAssignment", "Reputation", "fair_sample"]
@@ -73,6 +75,16 @@ WEATHER_REASONS = frozenset({"fetch_timeout", "missing"})
 WEATHER_WEIGHT = 0.25
 # Drops that say nothing about the peer (this node's own budget or state).
 NEUTRAL_REASONS = frozenset({OVER_TOKEN_BUDGET, "over_peer_cap", NOT_ALLOWED, EXCLUDED})
+# Drops that say nothing about the sender's honesty: a group of another tokenizer without text (its
+# sender cannot make faithful text, or has not yet seen this node's tokenizer: swarm.send_text), and
+# a group that arrived after this node's window for it (`stale`: a slow sender, or a late reader).
+# Counted as drops by reason (ledger, receipts), never as faults.
+HONEST_REASONS = frozenset({TOKENIZER_MISMATCH, "stale"})
+
+
+def is_fault(reason: str | None) -> bool:
+    """Whether a drop for `reason` counts against its sender's reputation."""
+    return reason is not None and reason not in NEUTRAL_REASONS and reason not in HONEST_REASONS
 
 
 class _HasOwner(Protocol):
@@ -104,7 +116,7 @@ class Reputation:
         """An accepted group (reason None) or a drop of something `peer` published."""
         if reason is None:
             self.good[peer] += 1.0
-        elif reason not in NEUTRAL_REASONS:
+        elif is_fault(reason):
             self.faults[peer] += WEATHER_WEIGHT if reason in WEATHER_REASONS else 1.0
 
     def weight(self, peer: str) -> float:

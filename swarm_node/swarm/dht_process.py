@@ -1,12 +1,10 @@
 """The hivemind DHT process behind HivemindTransport, with fixes for running it in production.
 
-* `PipeFixedDHT` works around a hivemind 1.1.12 bug: the DHT process registers its command pipe
-  with uvloop, which makes the descriptor non-blocking, so `recv()` of a message larger than the
-  pipe buffer (any large value passed to `store`) fails with `BlockingIOError` and then `EOFError`.
-  Its `run()` wraps the pipe so every `recv()` first sets the descriptor back to blocking. It also
-  shuts the DHT down when the parent process dies (kill -9), so a restarted node can reuse its
-  identity without an orphan daemon answering for it, and makes hivemind's PeerID encode base58
-  lazily (the eager encoding was the largest single CPU cost of a busy DHT process).
+* `PipeFixedDHT` applies, in the DHT process as it starts, the patches of hivemind this project
+  makes (`patches.py`, which says what each replaces and why): the command pipe's blocking
+  `recv()` (a hivemind 1.1.12 bug with large messages), PeerID's lazy base58 encoding, and the
+  capped storage. It also shuts the DHT down when the parent process dies (kill -9), so a
+  restarted node can reuse its identity without an orphan daemon answering for it.
   The p2p daemon it starts gets SIGKILL from the kernel if the DHT process itself dies (prctl
   PR_SET_PDEATHSIG), so no daemon outlives its DHT even on kill -9 of the whole tree.
 * `get_many_in_dht` / `store_many_in_dht` run inside the DHT process: one traversal per batch of
@@ -23,74 +21,33 @@ import threading
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any
 
-import base58
 import hivemind
 from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.lifecycle import daemons_die_with_this_process
+from swarm_node.swarm import patches
 from swarm_node.swarm.addresses import check_initial_peers
 from swarm_node.swarm.transport import SwarmConnectError
 
 __all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "ping_clocks_in_dht", "redial_in_dht",
            "store_many_in_dht"]
 
-class _BlockingRecvPipe:
-    """A multiprocessing Connection whose recv() first puts the descriptor back in blocking mode."""
-
-    def __init__(self, conn: Any) -> None:
-        self._conn = conn
-
-    def fileno(self) -> int:
-        return self._conn.fileno()
-
-    def poll(self, timeout: float = 0.0) -> bool:
-        return self._conn.poll(timeout)
-
-    def recv(self) -> Any:
-        os.set_blocking(self._conn.fileno(), True)
-        return self._conn.recv()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._conn, name)
-
-
-def _lazy_peer_id_base58() -> None:
-    """Make hivemind's PeerID encode its base58 form on first use instead of in `__init__`.
-
-    The DHT builds a PeerID for every neighbour listed in every find response and rarely prints
-    one; the eager base58 encoding was the largest single cost (~14% of CPU) of a busy DHT
-    process. Same values, same methods; applied inside the DHT process only.
-    """
-
-    def __init__(self: PeerID, peer_id_bytes: bytes) -> None:
-        self._bytes = peer_id_bytes
-        self._b58_str = None
-
-    def to_base58(self: PeerID) -> str:
-        if self._b58_str is None:
-            self._b58_str = base58.b58encode(self._bytes).decode()
-        return self._b58_str
-
-    PeerID.__init__ = __init__
-    PeerID.to_base58 = to_base58
-
-
 class PipeFixedDHT(hivemind.DHT):
-    """hivemind.DHT with the large-message pipe fix, a parent-death watchdog and lazy peer-id
-    encoding (see module doc)."""
+    """hivemind.DHT with this project's patches applied in its process (`patches.py`) and a
+    parent-death watchdog (see module doc)."""
 
     parent_check_interval = 1.0
     storage_caps: tuple[int, int, int] | None = None  # (subkeys per key, bytes per key, bytes per peer)
 
     def run(self) -> None:
-        _lazy_peer_id_base58()
+        patches.lazy_peer_id_base58()
         daemons_die_with_this_process()
         if self.storage_caps is not None:
             from swarm_node.swarm.validators import CappedStorage
 
             CappedStorage.install(*self.storage_caps)
-        self._inner_pipe = _BlockingRecvPipe(self._inner_pipe)
+        patches.blocking_recv_pipe(self)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
 

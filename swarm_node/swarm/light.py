@@ -1,91 +1,25 @@
 """A read-only DHT client without torch: what a one-shot `swarm-node status` reads through.
 
-`import hivemind` imports torch (its package `__init__` pulls in the averaging and MoE code, and
-`hivemind.DHT` passes results between processes through `MPFuture`, which shares torch tensors):
-about 3.5 s of a status read's 4.5 s on a quiet 2-core machine. The DHT itself does not need
-torch: `hivemind.dht.node.DHTNode` and `hivemind.p2p` only use the torch-free parts of
-`hivemind.utils`. `load_light_hivemind()` makes `hivemind`, `hivemind.utils` and `hivemind.dht`
-importable as plain namespaces (their `__init__` files are skipped; `hivemind.utils` gets the
-names of its torch-free submodules), so those submodules load in about 0.1 s.
-
-The catch: while loaded this way, `hivemind.DHT` does not exist in the process, so only a
-one-shot `status` uses it; the first use of a name only the real package has completes the
-import (`finish_light_hivemind`), so a process that goes on (a test run) still gets all of it. `LightObserver` runs a client-mode `DHTNode` on an event loop in a thread of
-this process (no DHT process, no fork); it checks records with the same validators as a node
-(signatures, owned subkeys, sizes) and implements the reading half of `Transport`.
+`import hivemind` imports torch, about 3.5 s of a status read's 4.5 s on a quiet 2-core machine;
+the DHT itself does not need it. `LightObserver` loads hivemind's DHT without torch
+(`patches.load_light_hivemind`: what that replaces and why is said there) and runs a client-mode
+`DHTNode` on an event loop in a thread of this process (no DHT process, no fork); it checks
+records with the same validators as a node (signatures, owned subkeys, sizes) and implements the
+reading half of `Transport`. While hivemind is loaded this way `hivemind.DHT` does not exist in
+the process until a name only the real package has completes the import, so only a one-shot
+`status` uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
-import sys
 import threading
-import types
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 from protocol import keys
+from swarm_node.swarm.patches import load_light_hivemind
 from swarm_node.swarm.transport import BlobFetch, OwnedValue, SwarmConnectError, Transport
-
-# Submodules of hivemind.utils that do not import torch, whose public names `hivemind.utils` has
-# to offer (`from hivemind.utils import get_logger` etc. in hivemind.dht and hivemind.p2p).
-_TORCH_FREE_UTILS = ("asyncio", "logging", "nested", "performance_ema", "serializer", "timed_storage")
-
-
-def load_light_hivemind() -> bool:
-    """Make hivemind's DHT importable without torch; False (nothing done) when hivemind is
-    already imported in full."""
-    if "hivemind" in sys.modules:
-        return getattr(sys.modules["hivemind"], "_swarm_node_light", False)
-    spec = importlib.util.find_spec("hivemind")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("hivemind is not installed")
-    root = list(spec.submodule_search_locations)[0]
-
-    def namespace(name: str, path: str) -> types.ModuleType:
-        """The package's module object, its `__init__` not run (finish_light_hivemind runs it)."""
-        spec = importlib.util.spec_from_file_location(name, f"{path}/__init__.py", submodule_search_locations=[path])
-        module = importlib.util.module_from_spec(spec)
-        module._swarm_node_light = True
-        module.__getattr__ = partial(_complete, name)  # a name only the real package has: finish it
-        sys.modules[name] = module
-        return module
-
-    hivemind = namespace("hivemind", root)
-    utils = namespace("hivemind.utils", f"{root}/utils")
-    hivemind.utils = utils
-    hivemind.dht = namespace("hivemind.dht", f"{root}/dht")
-    for sub in _TORCH_FREE_UTILS:
-        module = importlib.import_module(f"hivemind.utils.{sub}")
-        for name in getattr(module, "__all__", None) or [n for n in dir(module) if not n.startswith("_")]:
-            setattr(utils, name, getattr(module, name))
-    return True
-
-
-def finish_light_hivemind() -> None:
-    """Run the `__init__` files `load_light_hivemind` skipped, in the same module objects: hivemind
-    is then the real package (torch imported), and everything loaded before stays valid (the
-    same classes). Happens by itself on the first name only the real package has (`hivemind.DHT`,
-    `from hivemind import ...`), so a process that goes on after a light read (a test run) can
-    start full DHTs."""
-    for name in ("hivemind.utils", "hivemind.dht", "hivemind"):
-        module = sys.modules.get(name)
-        if module is not None and module.__dict__.pop("_swarm_node_light", False):
-            module.__dict__.pop("__getattr__", None)
-            module.__spec__.loader.exec_module(module)
-
-
-def _complete(name: str, attr: str) -> Any:
-    submodule = sys.modules.get(f"{name}.{attr}")
-    if submodule is not None:  # `import hivemind.p2p.x as y` while hivemind.p2p is being imported
-        return submodule
-    if attr.startswith("__") or not getattr(sys.modules.get(name), "_swarm_node_light", False):
-        raise AttributeError(f"module {name!r} has no attribute {attr!r}")
-    finish_light_hivemind()
-    return getattr(sys.modules[name], attr)
 
 
 class LightObserver(Transport):

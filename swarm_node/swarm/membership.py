@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from swarm_node import metric_names as m
 from swarm_node.swarm.periodic import PeriodicThread
 
 log = logging.getLogger(__name__)
@@ -174,9 +175,9 @@ class MembershipKeeper(PeriodicThread):
     def snapshot(self) -> dict[str, Any]:
         """Health numbers for a step's metrics (what the last check saw)."""
         last = self.stats.last
-        out = {"alone_seconds": 0.0 if self.stats.alone_since is None else self.clock() - self.stats.alone_since,
-               "redials": float(self.stats.redials)}
+        out = {m.ALONE_SECONDS: 0.0 if self.stats.alone_since is None else self.clock() - self.stats.alone_since,
+               m.REDIALS: float(self.stats.redials)}
         if last is not None:
-            out.update(live_peers=float(last.live_peers), routing_table_size=float(last.routing_table_size),
-                       stored_keys=float(last.stored_keys))
+            out.update({m.LIVE_PEERS: float(last.live_peers), m.ROUTING_TABLE_SIZE: float(last.routing_table_size),
+                        m.STORED_KEYS: float(last.stored_keys)})
         return out

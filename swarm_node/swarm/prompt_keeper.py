@@ -64,7 +64,7 @@ from collections import Counter
 
 from protocol import keys
 from protocol.messages import PromptSetTombstone
-from swarm_node.metrics import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
+from swarm_node.metric_names import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
 from swarm_node.swarm.periodic import PeriodicThread
 from swarm_node.swarm.prompts import PromptSetRecords, VerifiedRecord, ended_message, read_records
 from swarm_node.swarm.transport import DropCounter, Transport

@@ -121,6 +121,11 @@ class Transport(ABC):
         """Multiaddrs other peers can use as `initial_peers` (empty for in-memory transports)."""
         return []
 
+    def health(self) -> dict[str, float]:
+        """Network health for a step's metrics (`live_peers`, `routing_table_size`, ...: names in
+        metric_names.py); empty for a transport that cannot tell (the in-memory one)."""
+        return {}
+
     @abstractmethod
     def dht_time(self) -> float:
         """Current DHT time (seconds); every expiration is an absolute value on this clock."""

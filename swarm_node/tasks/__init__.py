@@ -1,8 +1,9 @@
 """Prompt sources (built-in arithmetic, GSM8K, MATH-500) and verifiable rewards.
 
-The node uses four functions: `load_prompt_set`, `make_reward_fn`, `render_prompt` and
-`select_prompts` (see docs/architecture.md). Exports resolve lazily, so importing one submodule
-(the reward worker process imports `swarm_node.tasks.bounded`) does not pull in the config tree.
+The node uses three functions: `load_prompt_set`, `make_reward_fn` and `render_prompt` (see
+docs/architecture.md; which prompts a step answers is a protocol rule, `protocol.binding`).
+Exports resolve lazily, so importing one submodule (the reward worker process imports
+`swarm_node.tasks.bounded`) does not pull in the config tree.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ _EXPORTS = {
     "RewardFn": "base",
     "DEFAULT_INSTRUCTION": "prompts",
     "render_prompt": "prompts",
-    "select_prompts": "prompts",
-    "window_prompts": "prompts",
     "load_prompt_set": "registry",
     "make_reward_fn": "registry",
     "CorrectnessReward": "rewards",
@@ -36,13 +35,11 @@ __all__ = [
     "load_prompt_set",
     "make_reward_fn",
     "render_prompt",
-    "select_prompts",
-    "window_prompts",
 ]
 
 if TYPE_CHECKING:
     from swarm_node.tasks.base import AnswerKind, Problem, PromptSet, RewardFn
-    from swarm_node.tasks.prompts import DEFAULT_INSTRUCTION, render_prompt, select_prompts, window_prompts
+    from swarm_node.tasks.prompts import DEFAULT_INSTRUCTION, render_prompt
     from swarm_node.tasks.registry import load_prompt_set, make_reward_fn
     from swarm_node.tasks.rewards import CorrectnessReward, Score
 

@@ -3,9 +3,8 @@ samples in this node's tokens with chunk ids, rewards from the texts; drops coun
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -14,8 +13,11 @@ from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParam
 from swarm_node import rollouts
 from swarm_node.crosstok_receive import DROP_TEXT_ROUNDTRIP, own_piece_bytes
 from swarm_node.policy import tiny
+from swarm_node.parts import NodeParts
 from swarm_node.policy.models import tokenizer_fingerprint
-from swarm_node.swarm.memory import MemorySwarm
+from swarm_node.swarm.admission import Admission
+from swarm_node.swarm.exchange import RolloutExchange
+from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from tests.fakes import hash_reward
 from tests.unit.test_node_loop import make_node
 
@@ -38,7 +40,7 @@ def completion(text: str, *, pieces_ok: bool = True) -> TextCompletion:
                           pieces.astype(np.uint16))
 
 
-def group(parts: Any, completions: list, fingerprint: str = tokenizer_fingerprint(SENDER)) -> RolloutGroup:
+def group(parts: NodeParts, completions: list, fingerprint: str = tokenizer_fingerprint(SENDER)) -> RolloutGroup:
     problem = parts.prompt_set.problems[3]
     return RolloutGroup(
         swarm_id=parts.config.swarm.swarm_id, sender="peer-a", model_id="tiny-random:64x1:a", model_revision="",
@@ -48,13 +50,13 @@ def group(parts: Any, completions: list, fingerprint: str = tokenizer_fingerprin
 
 
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def parts(tmp_path_factory: pytest.TempPathFactory) -> NodeParts:
     node = make_node(tmp_path_factory.mktemp("n"), MemorySwarm(), "C", model="tiny-random:64x1:c")
     assert node.parts.policy.fingerprint != tokenizer_fingerprint(SENDER)
     return node.parts
 
 
-def test_foreign_group_with_texts_becomes_chunked_samples(parts: Any) -> None:
+def test_foreign_group_with_texts_becomes_chunked_samples(parts: NodeParts) -> None:
     drops: Counter[str] = Counter()
     batch = rollouts.peer_samples(parts, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
     assert not drops and batch.groups == 1 and len(batch.samples) == 4
@@ -66,7 +68,7 @@ def test_foreign_group_with_texts_becomes_chunked_samples(parts: Any) -> None:
     assert batch.crosstok_tokens == sum(len(s.completion_ids) for s in batch.samples)
 
 
-def test_unusable_foreign_groups_are_dropped_by_reason(parts: Any) -> None:
+def test_unusable_foreign_groups_are_dropped_by_reason(parts: NodeParts) -> None:
     drops: Counter[str] = Counter()
     broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]  # text and pieces disagree
     plain = [Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason="stop", claimed_reward=0.0)
@@ -81,16 +83,17 @@ def test_unusable_foreign_groups_are_dropped_by_reason(parts: Any) -> None:
     assert drops[DROP_TEXT_ROUNDTRIP] == 1
 
 
-def test_cross_tokenizer_switch_off_drops_foreign_groups(parts: Any) -> None:
-    class Config:
-        def __init__(self, cfg: Any) -> None:
-            self._cfg = cfg
-            self.swarm = SimpleNamespace(**{**dict(cfg.swarm), "cross_tokenizer": False})
+def with_admission(parts: NodeParts, admission: Admission) -> NodeParts:
+    """`parts` whose exchange (a real one, over its own in-memory swarm) applies `admission`."""
+    exchange = RolloutExchange(MemoryTransport(MemorySwarm(), "C2"), parts.config.swarm.swarm_id,
+                               vocab_size=len(parts.policy.tokenizer), admission=admission)
+    return dataclasses.replace(parts, exchange=exchange)
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._cfg, name)
 
-    off = SimpleNamespace(**{**vars(parts), "config": Config(parts.config)})  # swarm.cross_tokenizer = false
+def test_cross_tokenizer_switch_off_drops_foreign_groups(parts: NodeParts) -> None:
+    cfg = parts.config
+    off = dataclasses.replace(parts, config=cfg.model_copy(update={
+        "swarm": cfg.swarm.model_copy(update={"cross_tokenizer": False})}))
     drops: Counter[str] = Counter()
     batch = rollouts.peer_samples(off, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
     assert batch.samples == [] and drops == Counter({rollouts.DROP_TOKENIZER: 1})
@@ -102,10 +105,10 @@ def coarse(text: str) -> Completion:
                           text, np.array([len(text.encode()), 0], np.uint16))
 
 
-def test_conversion_counts_in_the_peer_budgets(parts: Any) -> None:
+def test_conversion_counts_in_the_peer_budgets(parts: NodeParts) -> None:
     """Own tokens beyond the sender's are charged to the gather's token budget, and the conversion's
     time to the verification budget: a group that does not fit is dropped by the budget's reason."""
-    from swarm_node.swarm.admission import OVER_TOKEN_BUDGET, Admission
+    from swarm_node.swarm.admission import OVER_TOKEN_BUDGET
     from swarm_node.tasks.verify import VERIFY_BUDGET
 
     g = group(parts, [coarse(t) for t in TEXTS])
@@ -114,14 +117,14 @@ def test_conversion_counts_in_the_peer_budgets(parts: Any) -> None:
     admission.begin_gather()
     original = admission.charge_tokens
     admission.charge_tokens = lambda n: charged.append(n) or original(n)  # type: ignore[method-assign]
-    tight = SimpleNamespace(**{**vars(parts), "exchange": SimpleNamespace(admission=admission)})
+    tight = with_admission(parts, admission)
     drops: Counter[str] = Counter()
     batch = rollouts.peer_samples(tight, [g], 4, drops, step=0)
     assert batch.samples == [] and drops == Counter({OVER_TOKEN_BUDGET: 1})
     assert charged == [batch.crosstok_tokens - g.num_tokens] and charged[0] > 10
     roomy = Admission(max_tokens_per_gather=10_000)
     roomy.begin_gather()
-    ok = SimpleNamespace(**{**vars(parts), "exchange": SimpleNamespace(admission=roomy)})
+    ok = with_admission(parts, roomy)
     drops = Counter()
     assert len(rollouts.peer_samples(ok, [g], 4, drops, step=0).samples) == 4 and not drops
     spent = rollouts.peer_verifier(parts)
@@ -131,11 +134,11 @@ def test_conversion_counts_in_the_peer_budgets(parts: Any) -> None:
     assert drops == Counter({VERIFY_BUDGET: 1})
 
 
-def test_the_ledger_records_each_senders_tokenizer_and_conversion_drops(parts: Any) -> None:
+def test_the_ledger_records_each_senders_tokenizer_and_conversion_drops(parts: NodeParts) -> None:
     from swarm_node.ledger import PeerLedger
 
     ledger = PeerLedger(None, own_tokenizer=parts.policy.fingerprint)
-    with_ledger = SimpleNamespace(**{**vars(parts), "ledger": ledger})
+    with_ledger = dataclasses.replace(parts, ledger=ledger)
     broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]
     drops: Counter[str] = Counter()
     rollouts.peer_samples(with_ledger, [group(parts, [completion(t) for t in TEXTS]), group(parts, broken)], 4,

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 from swarm_node.dashboard import DashboardServer, FakeStatusSource, Status, SwarmHistory, SyntheticStatusSource
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 from swarm_node.config import NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -99,7 +99,7 @@ def test_evaluator_row_holds_overall_per_skill_and_ood(monkeypatch, tmp_path):
     spec = ExperimentSpec.load(POWER)
     evaluator = Evaluator(spec, PromptSet("h", "number", tuple(HELD)), None, tmp_path / "eval0.json",
                           ood=PromptSet("o", "number", tuple(OOD)))
-    policy = type("P", (), {"model": None, "tokenizer": None, "device": "cpu"})()
+    policy = type("P", (), {"model": None, "tokenizer": None, "device": "cpu", "stop_token_ids": [0], "pad_token_id": 0})()
     try:
         row = evaluator("add-spec", policy, 0)
     finally:
@@ -129,7 +129,7 @@ def test_power_heldout_and_ood_sets_are_large_and_disjoint():
 
 
 def test_isolated_2x_has_twice_the_own_prompts(tmp_path):
-    from swarm_node.tasks.prompts import select_prompts
+    from protocol.binding import select_prompts
 
     spec = ExperimentSpec.load(POWER)
     arms = {a.name: a for a in spec.arms}

@@ -17,7 +17,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_status_path_imports_no_torch_and_completes_on_demand():
     out = _python(
         "import sys\n"
-        "from swarm_node.swarm.light import load_light_hivemind, LightObserver\n"
+        "from swarm_node.swarm.patches import load_light_hivemind\n"
+        "from swarm_node.swarm.light import LightObserver\n"
         "assert load_light_hivemind()\n"
         "import hivemind.dht.node, hivemind.dht.validation, swarm_node.swarm.validators\n"
         "import swarm_node.swarm.exchange, swarm_node.observe, swarm_node.preflight\n"

@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from swarm_node import metrics as m
+from swarm_node import metric_names as m
 from swarm_node.health import ALONE_WARN_STEPS, HealthTracker, alone_warning
 from swarm_node.swarm.addresses import CLIENT_MODE_HINT, join_hint, relay_maddrs, usable_maddrs
+from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.membership import Health, MembershipKeeper, split_peer_maddr
 from tests.fakes import Clock
 
@@ -180,7 +181,7 @@ def test_alone_steps_count_and_warn(caplog):
 
 
 def test_alone_without_transport_health_speaks_of_peer_groups_not_routing():
-    h = HealthTracker(object())  # a transport without health(), as the in-memory one
+    h = HealthTracker(MemoryTransport(MemorySwarm()))  # the in-memory transport reports no health
     out = [h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=0) for _ in range(3)]
     assert alone_warning(out[-1]) == "alone for 3 steps: no peer groups received"
     assert h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=2)[m.ALONE_STEPS] == 0

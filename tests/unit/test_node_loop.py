@@ -11,6 +11,7 @@ import torch
 
 from protocol import codec, keys
 from protocol.messages import IndexEntry, RolloutIndex
+from swarm_node import metric_names as m
 from swarm_node.assemble import build_parts
 from swarm_node.config import NodeConfig
 from swarm_node.node import Node
@@ -54,6 +55,10 @@ def test_two_nodes_train_on_each_others_groups(tmp_path):
     # B took A's groups of the step just before: their age is that gap, never negative.
     assert 0.0 <= metrics_b["peer_newest_age_s"] < 60.0
     assert metrics_b["samples"] == metrics_b["own_samples"] + metrics_b["peer_samples"]
+    # Every name a step writes is a documented constant (its one writer uses it: metric_names.merge).
+    undocumented = [k for k in metrics_b if k not in m.METRICS
+                    and not k.startswith((m.DROPPED_PREFIX, m.TOTAL_DROPPED_PREFIX))]
+    assert not undocumented and metrics_b[m.REWARD_MEAN] == b.history[-1][m.REWARD_MEAN]
     after = params_of(b)
     assert any(not torch.equal(before[k], after[k]) for k in before), "parameters did not move"
     assert all(np.isfinite(v) for v in metrics_b.values())

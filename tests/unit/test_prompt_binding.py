@@ -23,7 +23,7 @@ from swarm_node.swarm.binding import SLOT_OVERUSED, WRONG_PROMPT, PromptAssignme
 from swarm_node.swarm.exchange import RolloutExchange
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.synthetic import synthetic_group
-from swarm_node.tasks.prompts import select_prompts, window_prompts
+from protocol.binding import select_prompts, window_prompts
 from tests.fakes import Clock, hash_reward
 
 WS = 30.0

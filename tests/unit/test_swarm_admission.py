@@ -26,7 +26,7 @@ from swarm_node.swarm.admission import (
     Reputation,
     fair_sample,
 )
-from swarm_node.tasks.prompts import select_prompts
+from protocol.binding import select_prompts
 
 SALT = "adm-swarm"
 PROMPTS = PromptAssignment(prompt_set_id="ps-1", set_size=50, prompts_per_step=2, salt=SALT, window_seconds=30.0,

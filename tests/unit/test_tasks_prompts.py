@@ -9,7 +9,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from swarm_node.tasks import DEFAULT_INSTRUCTION, render_prompt, select_prompts
+from protocol.binding import select_prompts
+from swarm_node.tasks import DEFAULT_INSTRUCTION, render_prompt
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
