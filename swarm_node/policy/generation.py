@@ -11,12 +11,16 @@ own samples have ratio 1.
 Sampling is reproducible: each `generate` call seeds torch's RNG (inside `fork_rng`, leaving the
 caller's RNG untouched) from a generator-owned stream started at `seed`; `state_dict` exposes that
 stream so a resumed node samples what an uninterrupted one would.
+
+Both backends also decode greedily (`greedy`, held-out evaluation: the hf loop is in
+`swarm_node.policy.greedy`), with the policy's one stop set (`Policy.stop_token_ids`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,10 +28,14 @@ from transformers import GenerationConfig as HFGenerationConfig
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from swarm_node.config import GenerationConfig
+from swarm_node.policy import greedy as hf_greedy
 from swarm_node.policy.models import Policy
 from swarm_node.policy.precision import autocast
 from swarm_node.policy.scoring import distinct_rows
-from swarm_node.policy.types import GeneratedCompletion, Generator
+from swarm_node.policy.types import GeneratedCompletion, Generator, GreedyCompletion, check_prompts
+
+if TYPE_CHECKING:
+    from swarm_node.policy.vllm_engine import EngineDemand
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +102,7 @@ class HFGenerator:
     def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        prompts = [list(map(int, p)) for p in prompt_ids]
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("empty prompt: a completion needs at least one prompt token")
+        prompts = check_prompts(prompt_ids, self.cfg.max_prompt_tokens)
         flat = [p for p in prompts for _ in range(n)]  # prompt i's copies are contiguous
         call_seed = int(torch.randint(0, 2**62, (1,), generator=self._rng))
         results: list[GeneratedCompletion] = []
@@ -106,6 +112,15 @@ class HFGenerator:
             for start in range(0, len(flat), self.cfg.batch_size):
                 results.extend(self._generate_batch(flat[start : start + self.cfg.batch_size]))
         return [results[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def greedy(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+               batch_size: int) -> list[GreedyCompletion]:
+        """Greedy completions with the trainer's module under its compute dtype, `batch_size`
+        consecutive prompts per batch (`swarm_node.policy.greedy`); the sampling RNG is left alone."""
+        device = self.policy.device
+        with autocast(device, self.policy.compute_dtype):
+            return hf_greedy.greedy(self.model, prompt_ids, max_new_tokens, batch_size=batch_size,
+                                    stop_ids=self.stop_ids, pad_id=self.pad_id, device=device)
 
     def sync_weights(self, model: object) -> None:
         """HF generates with the trainer's own module, so new weights are already in use; a
@@ -193,9 +208,10 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Generator:
+def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0, demand: EngineDemand | None = None) -> Generator:
     """The backend `cfg.backend` names: `hf` (always available), `vllm` (imported lazily), or `auto`:
-    vLLM when it is installed and its engine starts, else `hf`. The choice is logged."""
+    vLLM when it is installed and its engine starts, else `hf`. The choice is logged. `demand`: the
+    most one call asks of a vLLM engine (`vllm_engine.node_demand`), which sizes it."""
     if cfg.backend == "hf":
         log.info("generation backend: hf (generation.backend=hf)")
         return HFGenerator(policy, cfg, seed)
@@ -204,7 +220,7 @@ def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Gene
             log.info("generation backend: hf (auto: vLLM is not installed)")
             return HFGenerator(policy, cfg, seed)
         try:
-            generator = _vllm_generator(policy, cfg, seed)
+            generator = _vllm_generator(policy, cfg, seed, demand)
         except Exception as e:  # noqa: BLE001  (any engine start failure: fall back, and say why)
             log.warning("generation backend: hf (auto: vLLM is installed but did not start: %s)",
                         " ".join(str(e).split())[:300])
@@ -212,13 +228,13 @@ def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0) -> Gene
         log.info("generation backend: vllm (auto: vLLM is installed and started)")
         return generator
     if cfg.backend == "vllm":
-        generator = _vllm_generator(policy, cfg, seed)
+        generator = _vllm_generator(policy, cfg, seed, demand)
         log.info("generation backend: vllm (generation.backend=vllm)")
         return generator
     raise ValueError(f"unknown generation backend {cfg.backend!r}")
 
 
-def _vllm_generator(policy: Policy, cfg: GenerationConfig, seed: int) -> Generator:
+def _vllm_generator(policy: Policy, cfg: GenerationConfig, seed: int, demand: EngineDemand | None) -> Generator:
     try:
         import vllm  # noqa: F401
     except ImportError as e:
@@ -227,4 +243,4 @@ def _vllm_generator(policy: Policy, cfg: GenerationConfig, seed: int) -> Generat
             "or `pip install vllm` on CUDA machines (or set generation.backend='hf')") from e
     from swarm_node.policy.vllm_generator import VLLMGenerator
 
-    return VLLMGenerator(policy, cfg, seed)
+    return VLLMGenerator(policy, cfg, seed, demand)

@@ -3,12 +3,18 @@
 The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` is set unless the caller set
 it), so a weight sync is an in-memory copy rather than a restart:
 
-  - full fine-tuning: the trainer's parameters (Hugging Face names) go through the worker's
-    `reload_weights` (vLLM's in-place reload, which maps HF names onto its fused layers and
-    re-runs the per-layer post-load processing), then the prefix cache is dropped because its KV
-    entries were computed with the old weights;
-  - LoRA: the peft adapter is saved to a fresh directory and later requests name it through a new
-    `LoRARequest` (new integer id); the previous adapter is removed from the engine.
+  - full fine-tuning: the trainer's parameters (Hugging Face names), each cast to the engine's
+    dtype (`generation.dtype`) one tensor at a time, go through the worker's `reload_weights`
+    (vLLM's in-place reload, which maps HF names onto its fused layers and re-runs the per-layer
+    post-load processing), then the prefix cache is dropped because its KV entries were computed
+    with the old weights; `vllm_lora_sync = "merged"` sends a LoRA model's merged weights the same way;
+  - LoRA adapters: the peft adapter is saved (as peft saves it) to a fresh directory and later
+    requests name it through a new `LoRARequest` (new integer id); the previous adapter is removed.
+
+The engine's arguments (dtype, CUDA graphs, length and batch limits from the node's caps, the
+node's GPU) come from `vllm_engine.engine_kwargs`. With `generation.vllm_sleep` on a CUDA device
+the engine sleeps (level 1) after each call and wakes before the next call or a weight sync.
+`greedy` (held-out evaluation) decodes at temperature 0 with the same stop tokens.
 
 Logprobs come from vLLM's `processed_logprobs` mode: log-softmax of the logits after temperature,
 i.e. the distribution the token was sampled from and the one the trainer scores (the same
@@ -22,32 +28,33 @@ must be at least 32. vLLM is imported when a VLLMGenerator is built, never at mo
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from swarm_node.config import GenerationConfig
-from swarm_node.policy.types import FinishReason, GeneratedCompletion
+from swarm_node.policy.types import FinishReason, GeneratedCompletion, GreedyCompletion, check_prompts
+from swarm_node.policy.vllm_engine import (
+    EngineDemand,
+    check_gpu_map,
+    engine_dtype,
+    engine_kwargs,
+    engine_limits,
+    sleep_support,
+)
 
 if TYPE_CHECKING:
     from swarm_node.policy.models import Policy
 
-# vLLM accepts only these values for max_lora_rank (vllm.config.lora.MaxLoRARanks).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+log = logging.getLogger(__name__)
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """Smallest rank vLLM accepts as `max_lora_rank` that holds an adapter of rank `rank`."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise ValueError(f"LoRA rank {rank} exceeds vLLM's maximum {VLLM_LORA_RANKS[-1]}")
 
 
 def request_seed(seed: int, call: int, prompt: int) -> int:
@@ -60,33 +67,6 @@ def request_seed(seed: int, call: int, prompt: int) -> int:
     return (int(words[0]) << 30) ^ int(words[1])
 
 
-def engine_kwargs(policy: Policy, cfg: GenerationConfig, seed: int) -> dict[str, Any]:
-    """Arguments for `vllm.LLM`: the policy's local weights, its dtype, memory from the config."""
-    device = torch.device(policy.device)
-    kwargs: dict[str, Any] = {
-        "model": str(policy.local_path),
-        "dtype": str(policy.dtype).removeprefix("torch."),
-        "seed": seed,
-        "enforce_eager": True,
-        "logprobs_mode": "processed_logprobs",
-    }
-    if device.type == "cuda":
-        kwargs["gpu_memory_utilization"] = cfg.vllm_gpu_memory_utilization
-    else:
-        kwargs["kv_cache_memory_bytes"] = cfg.vllm_kv_cache_gib * 2**30
-    if policy.is_lora and cfg.vllm_lora_sync == "adapter":
-        kwargs["enable_lora"] = True
-        kwargs["max_loras"] = 1
-        kwargs["max_lora_rank"] = vllm_lora_rank(adapter_rank(policy.model))
-    return kwargs
-
-
-def adapter_rank(model: Any) -> int:
-    """Largest LoRA rank in a peft model (its active adapter's r and any per-module overrides)."""
-    config = model.peft_config[model.active_adapter]
-    return max([int(config.r), *(int(r) for r in (config.rank_pattern or {}).values())])
-
-
 def hf_named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's parameters under Hugging Face checkpoint names (tied weights once)."""
     for name, param in model.named_parameters():
@@ -95,13 +75,13 @@ def hf_named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 
 def merged_named_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """A peft LoRA model's weights under Hugging Face names, each adapted layer's weight merged
-    (base + B A * scaling); the model itself is left untouched."""
+    (base + B A * scaling, one layer's delta at a time); the model itself is left untouched."""
     from peft.tuners.lora import LoraLayer
 
     adapter = model.active_adapter
     base = model.get_base_model()
-    deltas = {
-        f"{name}.base_layer.weight": module.get_delta_weight(adapter)
+    adapted = {
+        f"{name}.base_layer.weight": module
         for name, module in base.named_modules()
         if isinstance(module, LoraLayer) and adapter in module.lora_A
     }
@@ -109,7 +89,15 @@ def merged_named_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
         if ".lora_" in name:
             continue
         weight = param.detach()
-        yield name.replace(".base_layer.", "."), weight + deltas[name] if name in deltas else weight
+        if name in adapted:
+            weight = weight + adapted[name].get_delta_weight(adapter)
+        yield name.replace(".base_layer.", "."), weight
+
+
+def cast_weights(weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor in the engine's dtype (a tensor already in it is passed as is), one at a time."""
+    for name, tensor in weights:
+        yield name, tensor.to(dtype)
 
 
 def refresh_tied_lm_head(worker: Any) -> bool:
@@ -129,10 +117,15 @@ def refresh_tied_lm_head(worker: Any) -> bool:
     return True
 
 
-def to_completion(output: Any) -> GeneratedCompletion:
-    """Convert one vLLM CompletionOutput (requested with logprobs=0) to a GeneratedCompletion."""
+def _finish(output: Any) -> FinishReason:
     if output.finish_reason not in _FINISH:
         raise RuntimeError(f"vLLM finished a completion with reason {output.finish_reason!r}")
+    return _FINISH[output.finish_reason]
+
+
+def to_completion(output: Any) -> GeneratedCompletion:
+    """Convert one vLLM CompletionOutput (requested with logprobs=0) to a GeneratedCompletion."""
+    finish = _finish(output)
     token_ids = np.asarray(output.token_ids, dtype=np.int64)  # [T]
     if output.logprobs is None or len(output.logprobs) != len(token_ids):
         raise RuntimeError("vLLM returned no per-token logprobs for a completion")
@@ -140,13 +133,20 @@ def to_completion(output: Any) -> GeneratedCompletion:
     logprobs = np.asarray(
         [pos[int(tok)].logprob for pos, tok in zip(output.logprobs, token_ids)], dtype=np.float32
     )  # [T]
-    return GeneratedCompletion(token_ids=token_ids, logprobs=logprobs, finish_reason=_FINISH[output.finish_reason])
+    return GeneratedCompletion(token_ids=token_ids, logprobs=logprobs, finish_reason=finish)
+
+
+def to_greedy(output: Any) -> GreedyCompletion:
+    """Convert one greedy vLLM CompletionOutput to a GreedyCompletion."""
+    return GreedyCompletion(token_ids=np.asarray(output.token_ids, dtype=np.int64), finish_reason=_finish(output))
 
 
 class VLLMGenerator:
-    """Generator backed by an in-process `vllm.LLM`; implements swarm_node.policy.types.Generator."""
+    """Generator backed by an in-process `vllm.LLM`; implements swarm_node.policy.types.Generator.
 
-    def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0) -> None:
+    `demand`: the most one call asks of the engine (`vllm_engine.node_demand`), which sizes it."""
+
+    def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0, demand: EngineDemand | None = None) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import vllm  # heavy; only this backend needs it
 
@@ -155,15 +155,61 @@ class VLLMGenerator:
         self.seed = seed
         self.is_lora = bool(policy.is_lora)
         self.adapter_sync = self.is_lora and cfg.vllm_lora_sync == "adapter"  # else full-weight reloads
-        self.stop_ids = policy.stop_token_ids  # the same stop set as the hf backend
+        self.stop_ids = policy.stop_token_ids  # the same stop set as the hf backend and evaluation
+        device = torch.device(policy.device)
+        self.dtype = engine_dtype(cfg, device)  # weight syncs cast to it
+        self.max_model_len = engine_limits(cfg, demand).max_model_len
         self._calls = 0
         self._lora_request: Any = None
         self._lora_id = 0
-        self.llm: Any = vllm.LLM(**engine_kwargs(policy, cfg, seed))
+        self.sleeps = cfg.vllm_sleep and self._sleep_usable(device)
+        self._asleep = False
+        supports_device_ids = "device_ids" in {f.name for f in dataclasses.fields(vllm.EngineArgs)}
+        current = torch.cuda.current_device() if device.type == "cuda" and device.index is None else 0
+        kwargs = engine_kwargs(policy, cfg, seed, demand, current_index=current, supports_device_ids=supports_device_ids,
+                               sleep=self.sleeps)
+        if "device_ids" in kwargs:
+            self._check_gpu_map(kwargs["device_ids"][0])
+        self.llm: Any = vllm.LLM(**kwargs)
         self._adapter_root = tempfile.mkdtemp(prefix="swarm-node-lora-") if self.adapter_sync else None
         # The engine loaded policy.local_path; the in-memory model may already differ from it
         # (a resumed checkpoint, a LoRA adapter), so start from the trainer's actual weights.
         self.sync_weights(policy.model)
+
+    @staticmethod
+    def _check_gpu_map(index: int) -> None:
+        """Refuse an engine for another GPU than this process's earlier vLLM engines (vllm_engine.check_gpu_map)."""
+        from vllm.platforms import current_platform, interface
+
+        assigned = getattr(interface, "get_assigned_physical_gpu_ids", lambda: None)()
+        to_physical = getattr(current_platform, "visible_device_id_to_physical_device_id", None)
+        if assigned is not None and to_physical is not None:
+            check_gpu_map(assigned, int(to_physical(index)), index)
+
+    def _sleep_usable(self, device: torch.device) -> bool:
+        from vllm.platforms import current_platform
+
+        available = getattr(current_platform, "is_sleep_mode_available", lambda: False)()
+        reason = sleep_support(device, self._vllm.LLM, bool(available))
+        if reason is not None:
+            log.warning("generation.vllm_sleep is set but %s: the engine stays awake between generations", reason)
+        return reason is None
+
+    # ---- sleep mode --------------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._asleep:
+            torch.cuda.empty_cache()  # the trainer's freed blocks go back to the device for the engine
+            self.llm.wake_up()
+            self._asleep = False
+
+    def _rest(self) -> None:
+        """After a call: with vllm_sleep, offload the weights to CPU memory and free the KV cache."""
+        if self.sleeps and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    # ---- types.Generator ---------------------------------------------------------------------
 
     def sampling_params(self, n: int, seed: int | None) -> Any:
         """The SamplingParams every request uses: sampled-token logprobs only, no detokenizing."""
@@ -178,38 +224,66 @@ class VLLMGenerator:
             detokenize=False,
         )
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
-        """Sample `n` completions per prompt in one engine call; one list of n per prompt."""
+    def _run(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        """One engine call (awake for it; asleep after it with vllm_sleep); outputs in input order."""
         if self.llm is None:
             raise RuntimeError("generate() after close()")
+        self._wake()
+        try:
+            token_prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompts]
+            return self.llm.generate(token_prompts, params, use_tqdm=False, lora_request=self._lora_request)
+        finally:
+            self._rest()
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int) -> list[list[GeneratedCompletion]]:
+        """Sample `n` completions per prompt in one engine call; one list of n per prompt."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("empty prompt: a completion needs at least one prompt token")
+        prompts = check_prompts(prompt_ids, self.cfg.max_prompt_tokens)
         call, self._calls = self._calls, self._calls + 1
-        prompts = [self._vllm.TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prompt_ids]
         params = [self.sampling_params(n, request_seed(self.seed, call, i)) for i in range(len(prompts))]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
         result = []
-        for request in outputs:  # vLLM returns outputs in input order
+        for request in self._run(prompts, params):
             if len(request.outputs) != n:
                 raise RuntimeError(f"vLLM returned {len(request.outputs)} completions, asked for {n}")
             result.append([to_completion(o) for o in sorted(request.outputs, key=lambda o: o.index)])
         return result
 
+    def greedy(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+               batch_size: int) -> list[GreedyCompletion]:
+        """Greedy completions (temperature 0) in one engine call; vLLM batches them itself."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        prompts = [[int(t) for t in p] for p in prompt_ids]
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("empty prompt: a completion needs at least one prompt token")
+        longest = max((len(p) for p in prompts), default=0)
+        if longest + max_new_tokens > self.max_model_len:
+            raise ValueError(f"a {longest}-token prompt plus {max_new_tokens} new tokens exceeds the vLLM engine's "
+                             f"max_model_len={self.max_model_len} (generation.max_prompt_tokens + the longest "
+                             "completion it was sized for)")
+        params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens,
+                                           stop_token_ids=self.stop_ids, detokenize=False)
+        return [to_greedy(request.outputs[0]) for request in self._run(prompts, params)]
+
     def sync_weights(self, model: object) -> None:
-        """Make later generations use `model`'s current weights (full, or LoRA merged) or adapter."""
+        """Make later generations use `model`'s current weights (full, or LoRA merged, cast to the
+        engine's dtype) or adapter (as peft saves it)."""
         if self.llm is None:
             raise RuntimeError("sync_weights() after close()")
+        self._wake()
         if self.adapter_sync:
             self._sync_adapter(model)
             return
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"expected a torch module, got {type(model).__name__}")
         with torch.no_grad():
-            weights = merged_named_weights(model) if self.is_lora else hf_named_weights(model)
+            weights: Iterable[tuple[str, torch.Tensor]] = cast_weights(
+                merged_named_weights(model) if self.is_lora else hf_named_weights(model), self.dtype)
+            if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+                weights = list(weights)  # an engine in another process needs them serialisable
             self.llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": list(weights), "is_checkpoint_format": True},
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
             )
             self.llm.collective_rpc(refresh_tied_lm_head)
         if not self.llm.reset_prefix_cache():

@@ -1,24 +1,31 @@
-"""Greedy evaluation: exact numbers on a scripted model, consistency on a tiny random Llama."""
+"""Greedy evaluation through the generator: exact numbers on a scripted model, consistency on a tiny
+random Llama, and the hf backend's greedy loop (swarm_node.policy.greedy)."""
 
 from __future__ import annotations
 
 import string
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from swarm_node.evaluate import (
+from swarm_node.config import GenerationConfig
+from swarm_node.evaluate import ROUND_BATCHES, evaluate
+from swarm_node.policy.generation import HFGenerator
+from swarm_node.policy.greedy import (
     MIN_SHARED_PREFIX,
-    evaluate,
-    generate_greedy,
+    greedy_batch,
     left_pad,
     prefix_then_pad,
     shared_prefix_len,
     trim_completion,
 )
+from swarm_node.policy.models import Policy
+from swarm_node.policy.types import GreedyCompletion
 from swarm_node.tasks import Problem, PromptSet, render_prompt
 from swarm_node.tasks.rewards import CorrectnessReward
 
@@ -43,6 +50,13 @@ def char_tokenizer() -> PreTrainedTokenizerFast:
 def prompt_set(n: int) -> PromptSet:
     return PromptSet(id="test-set", answer_kind="number",
                      problems=tuple(Problem(i, f"What is {i} plus {i}?", str(2 * i)) for i in range(n)))
+
+
+def generator_of(model: Any, tok: PreTrainedTokenizerFast) -> HFGenerator:
+    """The hf backend over `model` (its stop set: Policy.stop_token_ids, the tokenizer's eos here)."""
+    policy = Policy(model=model, tokenizer=tok, device=torch.device("cpu"), dtype=torch.float32, model_id="test",
+                    revision=None, fingerprint="", is_lora=False, local_path=Path("."))
+    return HFGenerator(policy, GenerationConfig())
 
 
 class ScriptedModel:
@@ -91,7 +105,8 @@ def test_scripted_model_gives_exact_accuracy(progress: bool) -> None:
     stop = {p.question: p.index != 4 for p in ps.problems}
     model = ScriptedModel(tok, replies, stop)
     reward = CorrectnessReward("number", format_reward=0.5)
-    out = evaluate(model, tok, ps, reward, limit=5, batch_size=2, max_new_tokens=64, progress=progress)
+    out = evaluate(generator_of(model, tok), tok, ps, reward, limit=5, batch_size=2, max_new_tokens=64,
+                   progress=progress)
     assert (out["n"], out["correct"]) == (5, 3) and out["accuracy"] == pytest.approx(0.6)
     assert [r["correct"] for r in out["records"]] == [True, False, True, False, True]
     assert [r["reward"] for r in out["records"]] == [1.5, 0.5, 1.5, 0.5, 1.5]  # the bonus never makes it correct
@@ -107,7 +122,8 @@ def test_scripted_model_gives_exact_accuracy(progress: bool) -> None:
         assert ids[row, -len(prompt):].tolist() == prompt and mask[row].sum() == len(prompt)
         assert mask[row, -1] == 1
     assert len(model.seen) == 3  # batches of 2, 2, 1
-    assert evaluate(model, tok, ps, reward, limit=2, batch_size=4, max_new_tokens=64, progress=False)["n"] == 2
+    assert evaluate(generator_of(model, tok), tok, ps, reward, limit=2, batch_size=4, max_new_tokens=64,
+                    progress=False)["n"] == 2
 
 
 def mixed_lengths() -> PromptSet:
@@ -127,8 +143,8 @@ def test_batches_hold_prompts_of_one_length_and_records_keep_the_sets_order() ->
     runs = {}
     for by_length in (True, False):
         model = ScriptedModel(tok, replies, stop)
-        runs[by_length] = (evaluate(model, tok, ps, CorrectnessReward("number"), batch_size=3, max_new_tokens=64,
-                                    progress=False, by_length=by_length), model.seen)
+        runs[by_length] = (evaluate(generator_of(model, tok), tok, ps, CorrectnessReward("number"), batch_size=3,
+                                    max_new_tokens=64, progress=False, by_length=by_length), model.seen)
     (grouped, seen_grouped), (in_order, seen_in_order) = runs[True], runs[False]
     assert [r["index"] for r in grouped["records"]] == list(range(6))  # the set's order, whatever the batches
     assert [r["correct"] for r in grouped["records"]] == [True, True, True, False, True, True]
@@ -158,11 +174,11 @@ def tiny_llama(tok: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 
 def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
     tok = char_tokenizer()
-    model = tiny_llama(tok)
+    gen = generator_of(tiny_llama(tok), tok)
     ps = prompt_set(5)
     reward = CorrectnessReward("number")
-    a = evaluate(model, tok, ps, reward, batch_size=3, max_new_tokens=6, progress=False)
-    b = evaluate(model, tok, ps, reward, batch_size=1, max_new_tokens=6, progress=False)
+    a = evaluate(gen, tok, ps, reward, batch_size=3, max_new_tokens=6, progress=False)
+    b = evaluate(gen, tok, ps, reward, batch_size=1, max_new_tokens=6, progress=False)
     assert a["n"] == 5 and 0 <= a["correct"] <= 5
     assert a["accuracy"] == pytest.approx(sum(r["correct"] for r in a["records"]) / 5)
     assert [reward.score(r["completion"], p).correct for r, p in zip(a["records"], ps.problems, strict=True)] == \
@@ -170,8 +186,8 @@ def test_tiny_llama_is_consistent_and_batch_invariant(one_thread: None) -> None:
     assert all(1 <= r["tokens"] <= 6 for r in a["records"])
     assert [r["completion"] for r in a["records"]] == [r["completion"] for r in b["records"]]  # padding-invariant
     mixed = mixed_lengths()  # batches of one prompt length give the completions of batches in the set's order
-    c = evaluate(model, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False)
-    d = evaluate(model, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False, by_length=False)
+    c = evaluate(gen, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False)
+    d = evaluate(gen, tok, mixed, reward, batch_size=4, max_new_tokens=6, progress=False, by_length=False)
     assert [r["completion"] for r in c["records"]] == [r["completion"] for r in d["records"]]
 
 
@@ -191,8 +207,53 @@ def test_shared_prefix_decoding_matches_the_plain_batch(one_thread: None) -> Non
     questions = ["What is 3 plus 4?", "What is 17 minus 9?", "Tom has 5 apples and eats 2. How many are left?"]
     prompts = [render_prompt(tok, q, worked_example=True) for q in questions]
     assert shared_prefix_len(prompts) >= MIN_SHARED_PREFIX  # so the shared path is the one taken
-    shared = generate_greedy(model, tok, prompts, 8, "cpu", share_prefix=True)
-    plain = generate_greedy(model, tok, prompts, 8, "cpu", share_prefix=False)
-    alone = [generate_greedy(model, tok, [p], 8, "cpu")[0] for p in prompts]
+    stops, pad = [tok.eos_token_id], tok.pad_token_id
+
+    def run(ps: list[list[int]], share: bool) -> list[tuple[list[int], str]]:
+        out = greedy_batch(model, ps, 8, stop_ids=stops, pad_id=pad, device="cpu", share_prefix=share)
+        return [(c.token_ids.tolist(), c.finish_reason) for c in out]
+
+    shared, plain = run(prompts, True), run(prompts, False)
+    alone = [run([p], True)[0] for p in prompts]
     assert shared == plain == alone
     assert all(len(c) >= 1 for c, _ in shared)
+    # The generator's greedy (what evaluation calls) gives the same completions, in the prompts' order.
+    through = generator_of(model, tok).greedy(prompts, 8, batch_size=2)
+    assert [(c.token_ids.tolist(), c.finish_reason) for c in through] == shared
+
+
+class ReplyGenerator:
+    """A fake `Generator.greedy`: answers each prompt's question from a table; records its calls."""
+
+    def __init__(self, tok: PreTrainedTokenizerFast, ps: PromptSet) -> None:
+        self.tok = tok
+        self.replies = {p.question: (f"\\boxed{{{p.answer if p.index % 3 else -1}}}", p.index % 4 != 1)
+                        for p in ps.problems}
+        self.calls: list[tuple[list[int], int, int]] = []
+
+    def greedy(self, prompt_ids: list[list[int]], max_new_tokens: int, batch_size: int) -> list[GreedyCompletion]:
+        self.calls.append(([len(p) for p in prompt_ids], max_new_tokens, batch_size))
+        out = []
+        for ids in prompt_ids:
+            question = next(q for q in self.replies if q in self.tok.decode(ids))
+            text, stops = self.replies[question]
+            tokens = self.tok(text, add_special_tokens=False)["input_ids"] + ([self.tok.eos_token_id] if stops else [])
+            out.append(GreedyCompletion(np.asarray(tokens, dtype=np.int64), "stop" if stops else "length"))
+        return out
+
+
+def test_evaluate_calls_the_generator_in_rounds_and_keeps_the_sets_order() -> None:
+    tok = char_tokenizer()
+    ps = prompt_set(21)  # questions of 1 and 2 digits: two prompt lengths
+    gen = ReplyGenerator(tok, ps)
+    out = evaluate(gen, tok, ps, CorrectnessReward("number"), batch_size=2, max_new_tokens=9, progress=False)
+    assert [len(lengths) for lengths, _, _ in gen.calls] == [2 * ROUND_BATCHES, 21 - 2 * ROUND_BATCHES]
+    assert all((new, b) == (9, 2) for _, new, b in gen.calls)
+    sent = [n for lengths, _, _ in gen.calls for n in lengths]
+    assert sent == sorted(sent)  # by length across calls
+    assert [r["index"] for r in out["records"]] == list(range(21))
+    assert [r["correct"] for r in out["records"]] == [i % 3 != 0 for i in range(21)]
+    assert [r["stopped"] for r in out["records"]] == [i % 4 != 1 for i in range(21)]
+    assert out["truncated"] == sum(i % 4 == 1 for i in range(21)) and out["correct"] == 14
+    assert out["records"][2]["completion"] == "\\boxed{4}"  # the eos is not text
+    assert out["records"][2]["tokens"] == len("\\boxed{4}") + 1

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from swarm_node.config import NodeConfig, TaskConfig
@@ -41,3 +43,57 @@ def test_evals_log_before_and_after(tmp_path):
     assert before_after(read) == (0.25, 0.625)
     assert before_after(read[:1]) == (0.25, None)
     assert before_after([]) == (None, None)
+
+
+class AnswerAll:
+    """A fake generator whose greedy answers every held-out question right (it reads the question)."""
+
+    def __init__(self, tok, heldout) -> None:
+        self.tok, self.answers = tok, {p.question: p.answer for p in heldout.problems}
+        self.calls = []
+
+    def greedy(self, prompt_ids, max_new_tokens, batch_size):
+        from swarm_node.policy.types import GreedyCompletion
+
+        self.calls.append((len(prompt_ids), max_new_tokens, batch_size))
+        out = []
+        for ids in prompt_ids:
+            text = self.tok.decode(ids)
+            answer = next(a for q, a in self.answers.items() if q in text)
+            tokens = self.tok(f"\\boxed{{{answer}}}", add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            out.append(GreedyCompletion(np.asarray(tokens, dtype=np.int64), "stop"))
+        return out
+
+
+def test_the_node_evaluates_through_its_generator(tmp_path):
+    from tests.unit.test_evaluate import char_tokenizer
+
+    from swarm_node.heldout_eval import HeldoutEvaluator
+
+    tok = char_tokenizer()
+    cfg = NodeConfig.load(None, [f"node_dir={json.dumps(str(tmp_path))}", "eval.problems=6", "eval.batch_size=4",
+                                 "generation.max_new_tokens=12", "task.worked_example=false"])
+    policy = SimpleNamespace(tokenizer=tok)
+    train = load_prompt_set(cfg.task)
+    held = disjoint_heldout(default_eval_task(cfg.task), [train], 6)
+    gen = AnswerAll(tok, held)
+    evaluator = HeldoutEvaluator(cfg, policy, gen, train)
+    try:
+        row = evaluator(0)
+    finally:
+        evaluator.close()
+    assert (row["accuracy"], row["n"], row["correct"], row["heldout"]) == (1.0, 6, 6, held.id)
+    assert gen.calls == [(6, 12, 4)]  # one call: 6 prompts, generation.max_new_tokens, eval.batch_size
+    assert read_evals(tmp_path) == [row]
+
+
+def test_held_out_prompts_longer_than_the_cap_are_refused(tmp_path):
+    from tests.unit.test_evaluate import char_tokenizer
+
+    from swarm_node.errors import InputError
+    from swarm_node.heldout_eval import HeldoutEvaluator
+
+    cfg = NodeConfig.load(None, [f"node_dir={json.dumps(str(tmp_path))}", "eval.problems=6",
+                                 "generation.max_prompt_tokens=40"])  # chat template + question: more characters
+    with pytest.raises(InputError, match="generation.max_prompt_tokens=40"):
+        HeldoutEvaluator(cfg, SimpleNamespace(tokenizer=char_tokenizer()), None, load_prompt_set(cfg.task))

@@ -197,3 +197,26 @@ def test_make_generator_selects_backend(policy: Policy) -> None:
 def test_local_path_is_a_loadable_model_directory(policy: Policy) -> None:
     assert isinstance(policy.local_path, Path)
     assert (policy.local_path / "config.json").is_file() and (policy.local_path / "tokenizer_config.json").is_file()
+
+
+def test_greedy_is_the_argmax_continuation_and_leaves_sampling_alone(policy: Policy, prompts: list[list[int]]) -> None:
+    gen = HFGenerator(policy, gen_cfg())
+    rng = gen.state_dict()["rng"].clone()
+    out = gen.greedy(prompts, 10, batch_size=2)  # batches of 2 and 1, left-padded
+    assert torch.equal(gen.state_dict()["rng"], rng)
+    stops = set(policy.stop_token_ids)
+    for prompt, completion in zip(prompts, out, strict=True):
+        expected: list[int] = []
+        while len(expected) < 10 and not (expected and expected[-1] in stops):
+            with torch.no_grad():
+                logits = policy.model(input_ids=torch.tensor([list(prompt) + expected])).logits[0, -1]
+            expected.append(int(logits.argmax()))
+        assert completion.token_ids.tolist() == expected
+        assert completion.finish_reason == ("stop" if expected[-1] in stops else "length")
+
+
+def test_prompts_over_the_cap_are_refused(policy: Policy, prompts: list[list[int]]) -> None:
+    longest = max(len(p) for p in prompts)
+    assert len(HFGenerator(policy, gen_cfg(max_prompt_tokens=longest)).generate(prompts, 1)) == len(prompts)
+    with pytest.raises(ValueError, match=f"{longest} tokens exceeds generation.max_prompt_tokens={longest - 1}"):
+        HFGenerator(policy, gen_cfg(max_prompt_tokens=longest - 1)).generate(prompts, 1)

@@ -15,6 +15,7 @@ import pytest
 
 from swarm_node.config import GenerationConfig, LoraConfig, ModelConfig
 from swarm_node.policy.models import Policy, load_policy
+from swarm_node.policy.vllm_engine import EngineDemand
 from swarm_node.policy.vllm_generator import VLLMGenerator
 
 # Read when an engine starts (the Makefile sets them too): in-process engine, 1 GiB KV cache.
@@ -46,9 +47,9 @@ def make_generator() -> Iterator[Callable[..., VLLMGenerator]]:
     """Build VLLMGenerators; every one built in a test is closed after it."""
     built: list[VLLMGenerator] = []
 
-    def make(policy: Policy, seed: int = 0, **gen: object) -> VLLMGenerator:
+    def make(policy: Policy, seed: int = 0, demand: EngineDemand | None = None, **gen: object) -> VLLMGenerator:
         cfg = GenerationConfig(backend="vllm", **gen)
-        built.append(VLLMGenerator(policy, cfg, seed=seed))
+        built.append(VLLMGenerator(policy, cfg, seed=seed, demand=demand))
         return built[-1]
 
     yield make

@@ -13,7 +13,8 @@ pytest.importorskip("vllm", reason="needs vLLM (scripts/setup_vllm_env.sh builds
 
 from swarm_node.policy.scoring import token_logprobs  # noqa: E402
 from swarm_node.policy.types import GeneratedCompletion  # noqa: E402
-from swarm_node.policy.vllm_generator import request_seed, vllm_lora_rank  # noqa: E402
+from swarm_node.policy.vllm_engine import vllm_lora_rank  # noqa: E402
+from swarm_node.policy.vllm_generator import request_seed  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
