@@ -99,7 +99,7 @@ class SwarmConfig(BaseModel):
         "auto", description="Send each completion's text and its tokens' byte lengths with own groups, so peers with "
                             "another tokenizer can re-tokenize them (about 2 bytes a token more on the wire). auto: "
                             "when another tokenizer fingerprint was seen in peers' status records or groups within "
-                            "record_ttl_s; always; never.")
+                            "record_ttl_s, and until any peer's fingerprint was seen; always; never.")
     cross_tokenizer: bool = Field(
         True, description="Receiver: take peer groups of another tokenizer by re-tokenizing their text (groups "
                           "without text stay `tokenizer_mismatch`); False: drop every such group.")

@@ -94,11 +94,12 @@ def to_wire_groups(parts: NodeParts, problems: Sequence[Problem], completions: S
 
 
 def sends_text(parts: NodeParts) -> bool:
-    """`swarm.send_text`: always, never, or (auto) while another tokenizer is seen in the swarm."""
+    """`swarm.send_text`: always, never, or (auto) while another tokenizer is seen in the swarm or
+    no peer's tokenizer is known yet (`swarm.tokenizers.TokenizerCensus.wants_text`)."""
     mode = parts.config.swarm.send_text
     if mode != "auto":
         return mode == "always"
-    return parts.exchange is not None and bool(parts.exchange.tokenizers.others(parts.dht_time()))
+    return parts.exchange is not None and parts.exchange.tokenizers.wants_text(parts.dht_time())
 
 
 def _with_text(parts: NodeParts, comps: list[Completion], own: OwnBatch) -> list[Completion]:

@@ -14,7 +14,10 @@ complete) waits for the token that completes it.
 `completion_text` returns None when no faithful text exists: the tokens' bytes are not valid
 UTF-8 (a character cut by the token cap, or stray byte tokens), the text breaks the receivers'
 rules (`protocol.validate.text_reasons`: forbidden characters, too long), or the tokenizer's
-decoding is not prefix-consistent. The sender then leaves text off the whole group.
+decoding is not prefix-consistent. The sender then sends the completion's longest prefix that has
+faithful text (`faithful_prefix`: a completion cut mid-character loses its partial character's
+tokens, one with a stray byte or forbidden character is cut before it), and leaves text off the
+whole group only when some completion has no such prefix.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.validate import ValidationLimits, text_reasons
+from protocol.validate import ValidationLimits, first_forbidden_char, text_reasons
 
 _TEXT_LIMITS = ValidationLimits(vocab_size=1)  # the default text rules every receiver applies
 
@@ -143,3 +146,51 @@ def _pieces_by_prefix(tokenizer: Any, ids: list[int], special: frozenset[int]) -
     if text != stable or sum(lengths) != len(text.encode("utf-8")):
         return None  # ends inside a character (or a decoder that rewrites earlier text)
     return text, lengths
+
+
+MAX_TRIM_TOKENS = 4  # faithful_prefix: tokens tried off the end (a UTF-8 character is at most 4 bytes)
+
+
+def faithful_prefix(tokenizer: Any, token_ids: Sequence[int] | np.ndarray) -> tuple[int, str, np.ndarray] | None:
+    """(k, text, piece_bytes) of a prefix token_ids[:k], k >= 1, that has faithful text
+    (`completion_text`): the longest of the candidates below that has one, or None. For a completion cut
+    mid-character by the token cap (or holding a stray byte or a forbidden character), the sender
+    sends this prefix instead of the whole completion, so one cut completion does not leave its
+    group without text. The candidates are the whole completion, then, for a byte-level tokenizer,
+    the tokens whose bytes end before the first undecodable byte or forbidden character, then up
+    to MAX_TRIM_TOKENS tokens off the end (a character is at most 4 bytes)."""
+    ids = [int(i) for i in token_ids]
+    tried: set[int] = set()
+    for k in _prefix_candidates(tokenizer, ids):
+        if k < 1 or k in tried:
+            continue
+        tried.add(k)
+        found = completion_text(tokenizer, ids[:k])
+        if found is not None:
+            return k, found[0], found[1]
+    return None
+
+
+def _prefix_candidates(tokenizer: Any, ids: list[int]) -> list[int]:
+    candidates = [len(ids)]
+    table = piece_table(tokenizer)
+    if table.raw is not None and all(i < len(table.raw) for i in ids if i not in table.special):
+        raws = [b"" if i in table.special else table.raw[i] for i in ids]
+        good = _good_bytes(b"".join(raws))
+        k, total = 0, 0
+        while k < len(raws) and total + len(raws[k]) <= good:
+            total += len(raws[k])
+            k += 1
+        candidates += [k - j for j in range(MAX_TRIM_TOKENS + 1)]
+    candidates += [len(ids) - j for j in range(1, MAX_TRIM_TOKENS + 1)]
+    return candidates
+
+
+def _good_bytes(data: bytes) -> int:
+    """Bytes of `data` before its first undecodable byte or forbidden character."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = data[: e.start].decode("utf-8")
+    bad = first_forbidden_char(text)
+    return len(text[:bad].encode("utf-8"))

@@ -6,7 +6,8 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
 * **Reputation** (`Reputation`): a peer's drops (anything it published that was refused, weighted
   lightly for network weather such as timeouts and missing chunks) and failed checks lower its
   share, except drops that say nothing about its honesty (`HONEST_REASONS`: another tokenizer
-  without text, a group that arrived after this node's window); enough faults with few accepted groups exclude it (`excluded_peer`) until its faults decay.
+  without text, a group that arrived after this node's window); enough faults with few accepted
+  groups exclude it (`excluded_peer`) until its faults decay.
 * **Fair sampling** (`fair_sample`): candidates are taken one group per identity per round, the
   identities ordered by reputation weight (random among equals), each up to its quota of
   `max_per_peer` scaled by its weight; so a peer listing many groups gets no more than one listing

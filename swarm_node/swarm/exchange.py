@@ -194,7 +194,8 @@ class RolloutExchange:
         if drops is not None:
             drops.update(read_drops)
         for status in statuses:
-            self.tokenizers.note(status.tokenizer_fingerprint, self.transport.dht_time())
+            self.tokenizers.note(status.tokenizer_fingerprint, self.transport.dht_time(),
+                                 from_peer=status.peer_id != self.transport.peer_id)
         if self.ledger is not None:
             self.ledger.note_receipts(statuses)
         return statuses

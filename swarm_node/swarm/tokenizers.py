@@ -1,7 +1,10 @@
 """Which tokenizers a swarm holds, as far as this node can tell: the fingerprints in peers' status
 records (`NodeStatus.tokenizer_fingerprint`) and in the groups it fetched, each remembered for a
-while after it was last seen. `swarm.send_text = "auto"` sends completion text while another
-tokenizer than this node's is among them.
+while after it was last seen. `swarm.send_text = "auto"` sends completion text (`wants_text`) while
+another tokenizer than this node's is among them, and from its first step until it has read any
+peer's fingerprint at all (a status record or a group of another node): a node that starts together
+with peers of another tokenizer sends text before their records are read, so that its first groups
+can be taken too. A node that then sees only its own tokenizer stops sending text.
 
 A fingerprint is a peer's claim: a peer can make this node send text (about 2 bytes a token more)
 by announcing another one, nothing else. Memory is bounded (`MAX_FINGERPRINTS`, oldest forgotten).
@@ -28,12 +31,15 @@ class TokenizerCensus:
         self.ttl_s = ttl_s
         self._seen: dict[str, float] = {}  # fingerprint -> DHT time last seen
         self._statuses_read_at: float | None = None
+        self._peer_seen = False  # a fingerprint of another node was noted (ever)
         self._lock = threading.Lock()
 
-    def note(self, fingerprint: str, now: float) -> None:
+    def note(self, fingerprint: str, now: float, *, from_peer: bool = True) -> None:
+        """`fingerprint` seen at DHT time `now`; `from_peer` False for this node's own status record."""
         if not fingerprint:
             return  # observers and version-1 status records name none
         with self._lock:
+            self._peer_seen = self._peer_seen or from_peer
             self._seen.pop(fingerprint, None)
             self._seen[fingerprint] = now
             while len(self._seen) > MAX_FINGERPRINTS:
@@ -45,6 +51,13 @@ class TokenizerCensus:
             for fp in [fp for fp, t in self._seen.items() if now - t > self.ttl_s]:
                 del self._seen[fp]
             return [fp for fp in self._seen if fp != self.own]
+
+    def wants_text(self, now: float) -> bool:
+        """`swarm.send_text = "auto"`: another tokenizer was seen within `ttl_s`, or no peer's
+        fingerprint was seen yet."""
+        others = self.others(now)
+        with self._lock:
+            return bool(others) or not self._peer_seen
 
     def statuses_due(self, now: float) -> bool:
         """True (and marks the read) when status records were last read over ttl_s / 3 ago."""
