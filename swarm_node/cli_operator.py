@@ -138,7 +138,8 @@ def dashboard(initial_peer: PeerOpt = None, swarm_id: Annotated[str, typer.Optio
               port: Annotated[int, typer.Option(min=0, max=65535, help="0 picks a free port.")] = 8080,
               poll_interval: Annotated[float, typer.Option(min=0.2, help="Seconds between status reads.")] = 2.0,
               node_dir: Annotated[Optional[list[Path]], typer.Option("--node-dir", help="A node directory on this "
-                                  "machine whose peer ledger and held-out trend the page shows (repeatable).")] = None) -> None:
+                                  "machine: the page shows its peer ledger and held-out trend (repeatable).")] = None,
+              ) -> None:
     """Join as an observer (client mode, no training) and serve a web dashboard."""
     from swarm_node.observe import run_dashboard
 

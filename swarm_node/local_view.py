@@ -80,7 +80,14 @@ def step_line(name: str, m: dict[str, float], steps: int) -> str:
             f"peer {int(m.get('peer_samples', 0))} used {int(m.get('peer_samples_used', 0))} "
             f"filtered {int(m.get('filtered_nonpositive_advantage', 0))}/{int(m.get('filtered_kl', 0))} "
             f"dropped {_dropped(m, 'dropped_')} tok/s {m.get('tokens_per_s', 0):.0f} "
-            f"step_s {m.get('step_seconds', 0):.1f}")
+            f"step_s {m.get('step_seconds', 0):.1f}" + _heldout_part(m))
+
+
+def _heldout_part(m: dict[str, float]) -> str:
+    """' held-out 0.234 [0.147, 0.351]' when the node evaluated after this step (eval_step == step), else ''."""
+    if "eval_step" not in m or m.get("eval_step") != m.get("step"):
+        return ""
+    return f" held-out {m['eval_accuracy']:.3f} [{m.get('eval_lo', 0):.3f}, {m.get('eval_hi', 1):.3f}]"
 
 
 class LiveView:

@@ -69,7 +69,8 @@ class Node:
         self._warned_stale = False
         self._eval_end: int | None = None  # the last step of the current run(): evaluated after it
         # the latest held-out evaluation (a resumed node: its last row up to the step it resumed at)
-        self._eval_metrics = heldout_eval.latest_metrics(self.cfg.node_dir, start_step) if parts.evaluate is not None else {}
+        self._eval_metrics = (heldout_eval.latest_metrics(self.cfg.node_dir, start_step)
+                              if parts.evaluate is not None else {})
         self.history: list[dict[str, float]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -97,8 +98,9 @@ class Node:
             self._shutdown()
 
     def _evaluate(self, step: int) -> None:
-        assert self.parts.evaluate is not None
-        self._eval_metrics = heldout_eval.eval_metrics(self.parts.evaluate(step))
+        evaluate = self.parts.evaluate
+        if evaluate is not None:
+            self._eval_metrics = heldout_eval.eval_metrics(evaluate(step))
 
     def _heldout_metrics(self) -> dict[str, float]:
         """The latest held-out evaluation as step metrics, evaluating first when one is due after

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich import box
 from rich.table import Table
 
+from swarm_node import metric_names as mn
 from swarm_node.config import SwarmConfig
 from swarm_node.health import alone_warning
 from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
@@ -100,7 +101,7 @@ def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
             "reward": m.get("reward_mean"), "accuracy": m.get("accuracy"),
             "peer_samples_used": m.get("peer_samples_used"), "filtered": m.get("filtered"),
             "tokens_per_s": m.get("tokens_per_s"), "live_peers": m.get("live_peers"),
-            "warning": alone_warning(m), "metrics": dict(m),
+            "warning": alone_warning(m), "metrics": dict(m), "heldout": heldout_point(m),
             "tokenizer_fingerprint": getattr(st, "tokenizer_fingerprint", ""),
             "tokenizer": tokenizer_label(getattr(st, "tokenizer_fingerprint", "")),
             "tokenizer_peers": shares[peer_id][0], "tokenizer_known": shares[peer_id][1],
@@ -110,6 +111,22 @@ def status_rows(statuses: Sequence[Any]) -> list[dict[str, Any]]:
 
 def _fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
+
+
+def heldout_point(metrics: dict[str, float]) -> dict[str, float] | None:
+    """A status record's latest held-out evaluation: accuracy, lo, hi (95% Wilson), n, step; None without one."""
+    if mn.EVAL_ACCURACY not in metrics:
+        return None
+    names = {"accuracy": mn.EVAL_ACCURACY, "lo": mn.EVAL_LO, "hi": mn.EVAL_HI, "n": mn.EVAL_N, "step": mn.EVAL_STEP}
+    return {k: metrics[v] for k, v in names.items() if v in metrics}
+
+
+def heldout_cell(point: dict[str, float] | None) -> str:
+    """'0.23 [0.15,0.35] s20': the latest held-out accuracy, its 95% interval and the step it followed."""
+    if point is None:
+        return "-"
+    interval = f" [{point['lo']:.2f},{point['hi']:.2f}]" if "lo" in point and "hi" in point else ""
+    return f"{point['accuracy']:.2f}{interval}" + (f" s{point['step']:.0f}" if "step" in point else "")
 
 
 def tokenizer_cell(r: dict[str, Any]) -> str:
@@ -123,13 +140,14 @@ def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
     # No outer border (a title glued to a border reads badly in logs); a rule under the header only.
     table = Table(title=f"swarm: {len(rows)} live peers", title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    for col in ("peer", "model", "tokenizer", "step", "reward", "acc", "used", "filt", "tok/s", "peers", "age"):
+    for col in ("peer", "model", "tokenizer", "step", "reward", "acc", "held-out [95%]", "used", "filt", "tok/s",
+                "peers", "age"):
         table.add_column(col, justify="left" if col in ("peer", "model", "tokenizer") else "right")
     warnings = []
     for r in rows:
         table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], tokenizer_cell(r),
                       str(r["step"]), _fmt(r["reward"], ".3f"),
-                      _fmt(r["accuracy"], ".3f"), _fmt(r["peer_samples_used"], ".0f"),
+                      _fmt(r["accuracy"], ".3f"), heldout_cell(r.get("heldout")), _fmt(r["peer_samples_used"], ".0f"),
                       _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
                       f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)
         if r.get("warning"):
@@ -176,12 +194,13 @@ def run_status(initial_peers: Sequence[str], swarm_id: str, *, as_json: bool, wa
 def run_dashboard(initial_peers: Sequence[str], swarm_id: str, *, host: str, port: int,
                   poll_interval: float = 2.0, ledger_dirs: Sequence[Path] = ()) -> None:
     from swarm_node.dashboard.server import DashboardServer
-    from swarm_node.dashboard.sources import LedgerSource
+    from swarm_node.dashboard.sources import HeldoutSource, LedgerSource
 
     transport, exchange = connect_observer(initial_peers, swarm_id)
     server = DashboardServer(SwarmStatusSource(exchange, timeout=10.0), host=host, port=port,
                              poll_interval_s=poll_interval,
-                             ledger_source=LedgerSource(ledger_dirs) if ledger_dirs else None)
+                             ledger_source=LedgerSource(ledger_dirs) if ledger_dirs else None,
+                             heldout_source=HeldoutSource(ledger_dirs) if ledger_dirs else None)
     stop = stop_on_signals()
     try:
         server.start()

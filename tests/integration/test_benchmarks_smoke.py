@@ -74,7 +74,7 @@ def listed_benchmarks() -> set[str]:
 
 SMOKE_TESTED = {"wire", "collect_rollouts", "scale", "swarm", "objective", "generation", "spotcheck_influence",
                 "status", "train_step", "packed_step", "eval_batches", "spotcheck_tolerance", "default_task",
-                "allocator"}
+                "allocator", "eval_cost"}
 
 
 def test_every_listed_benchmark_has_a_smoke_test():
@@ -235,3 +235,13 @@ def test_allocator_changes_no_arithmetic(cache):
     r = bench("allocator", cache, timeout=590)  # ~3 min on 2 busy cores: the warm models are trained first
     assert r["accuracies_identical"] is True and r["eval_problems"] == 16
     assert len(r["seconds_system"]) == len(r["seconds_tcmalloc"]) == 1 and positive(r["speedup"])
+
+
+def test_eval_cost_times_steps_and_an_evaluation(cache):
+    r = bench("eval_cost", cache)
+    assert (r["model"], r["preset"], r["problems"]) == ("tiny-random:64x1:a", "tests", 8)
+    assert len(r["step_seconds"]) == 2 and len(r["eval_seconds"]) == 1
+    assert all(positive(x) for x in (r["step_median_s"], r["eval_median_s"], r["ratio"]))
+    share = r["overhead_at_every"]
+    assert 0 < share["50"] < share["10"] < share["1"] < 1  # rarer evaluations cost a smaller share
+    assert share["1"] == pytest.approx(r["ratio"] / (1 + r["ratio"]), abs=1e-3)  # eval / (step + eval)

@@ -23,6 +23,7 @@ from swarm_node.dashboard import DashboardServer, SyntheticStatusSource
 pytestmark = pytest.mark.integration
 
 CHART_IDS = ("reward", "accuracy", "filtered", "kl", "isw", "bpt", "rate")
+HELDOUT_CHART = "heldout"  # held-out accuracy over steps, with 95% interval bars (evaluations, not every step)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1400,1600")
@@ -55,10 +56,26 @@ def _chart_state(drv) -> dict[str, dict[str, int]]:
         return out;""")
 
 
+def _heldout_bars(drv) -> dict[str, list[int]]:
+    """{series id: [points of its line, error bars drawn]} in the held-out chart, read at one instant
+    (an error bar is three lines: the bar and two caps)."""
+    return drv.execute_script("""
+        const fig = document.querySelector('figure[data-chart="heldout"]'), out = {};
+        for (const pl of fig.querySelectorAll('polyline'))
+          out[pl.dataset.peer] = [pl.getAttribute('points').trim().split(/\\s+/).length, 0];
+        for (const l of fig.querySelectorAll('line.errbar')) out[l.dataset.peer][1] += 1;
+        for (const k in out) out[k][1] /= 3;
+        return out;""")
+
+
 def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, min_points: int = 3,
-                               timeout_s: float = 60.0, ledger_peers: list[str] = ()) -> dict[str, dict[str, int]]:
-    """Drive Chromium to `url`; return the final chart state once every chart shows every peer (and
-    the peer-ledger table lists `ledger_peers`, in order, when given)."""
+                               timeout_s: float = 60.0, ledger_peers: list[str] = (),
+                               charts: tuple[str, ...] = CHART_IDS,
+                               table_peers: list[str] | None = None) -> dict[str, dict[str, int]]:
+    """Drive Chromium to `url`; return the final chart state once each of `charts` shows every one of
+    `peer_ids` (series ids: peers, or the node directories of local nodes in the held-out chart) with
+    `min_points` points, the peer table lists `table_peers` (default: `peer_ids`), and the
+    peer-ledger table lists `ledger_peers`, in order, when given."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -74,6 +91,7 @@ def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, 
     try:
         drv.set_page_load_timeout(30)
         drv.get(url)
+        table_peers = list(peer_ids) if table_peers is None else table_peers
         deadline = time.monotonic() + timeout_s
         while True:
             state = _chart_state(drv)
@@ -81,8 +99,8 @@ def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, 
                 "return [...document.querySelectorAll('#peers tbody tr')].map(r => r.dataset.peer);")
             ledger_rows = drv.execute_script(
                 "return [...document.querySelectorAll('#ledger-nodes tbody tr')].map(r => r.dataset.peer);")
-            ready = (set(state) == set(CHART_IDS) and sorted(rows) == sorted(peer_ids)
-                     and all(state[c].get(p, 0) >= min_points for c in CHART_IDS for p in peer_ids)
+            ready = (set(charts) <= set(state) and sorted(rows) == sorted(table_peers)
+                     and all(state[c].get(p, 0) >= min_points for c in charts for p in peer_ids)
                      and ledger_rows == list(ledger_peers))
             if ready or time.monotonic() > deadline:
                 break
@@ -92,6 +110,9 @@ def check_dashboard_in_browser(url: str, peer_ids: list[str], screenshot: Path, 
         assert ready, (f"dashboard never showed every peer in every chart: charts={state} table={rows} "
                        f"ledger={ledger_rows}")
         assert not severe, f"browser console errors: {severe}"
+        if HELDOUT_CHART in charts:  # every held-out point is drawn with its interval
+            bars = _heldout_bars(drv)
+            assert all(bars[p][0] == bars[p][1] >= min_points for p in peer_ids), bars
         return state
     finally:
         drv.quit()
@@ -106,10 +127,11 @@ def test_dashboard_draws_every_chart_and_lists_every_peer():
     with DashboardServer(src, host="127.0.0.1", port=0, poll_interval_s=0.2) as dash:
         peer_ids = [p.peer_id for p in src.read()]
         shot = artifacts_dir() / "dashboard_synthetic.png"
-        state = check_dashboard_in_browser(dash.url + "?poll_ms=500", peer_ids, shot)
+        state = check_dashboard_in_browser(dash.url + "?poll_ms=500", peer_ids, shot,
+                                           charts=(*CHART_IDS, HELDOUT_CHART))
         dash.check()
     assert shot.stat().st_size > 10_000
-    assert all(len(state[c]) == 3 for c in CHART_IDS)
+    assert all(len(state[c]) == 3 for c in (*CHART_IDS, HELDOUT_CHART))
 
 
 @pytest.mark.skipif(chromium_paths() is None,

@@ -87,7 +87,7 @@ def test_eval_checkpoint_loads_the_model_it_records(capsys, tmp_path):
                          "--limit", "2", "--max-new-tokens", "4", "--json")
     assert code == 0, err
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["n"] == 2 and 0.0 <= result["accuracy"] <= 1.0
+    assert result["n"] == 2 and 0.0 <= result["lo"] <= result["accuracy"] <= result["hi"] <= 1.0  # 95% Wilson
     (ckpt / "weights.safetensors").write_bytes(b"torn")
     code, _, err = run(capsys, "eval", "--checkpoint", str(ckpt), *cache, "--limit", "2")
     assert code == 2 and str(ckpt) in err[-1] and "cannot be loaded" in err[-1]

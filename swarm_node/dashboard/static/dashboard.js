@@ -58,7 +58,7 @@ function buildCharts() {
     cap.textContent = c.title;
     const keys = document.createElement("div");
     keys.className = "keys";
-    keys.textContent = !c.keys ? "a line per node; local nodes by directory"
+    keys.textContent = !c.keys ? ""
       : c.keys.length > 1
       ? c.keys.map(([, label], i) => `${label}: ${i === 0 ? "solid" : "dashed"}`).join(" · ") : "";
     fig.append(cap, keys);
@@ -91,7 +91,18 @@ function drawHeldout(series, nodes) {
   const lines = Object.entries(series).filter(([, s]) => s.evals && s.evals.length)
     .map(([peer, s]) => heldoutLine(peer, s.evals));
   for (const node of nodes) if (node.points.length) lines.push(heldoutLine(node.node_dir, node.points));
-  window.lineChart(document.querySelector(`figure[data-chart="${HELDOUT.id}"] svg`), lines, { yMin: 0 });
+  const fig = document.querySelector(`figure[data-chart="${HELDOUT.id}"]`);
+  window.lineChart(fig.querySelector("svg"), lines, { yMin: 0 });
+  // the legend: a swatch per line (peers as in the table, local nodes by directory)
+  const keys = fig.querySelector(".keys");
+  keys.replaceChildren();
+  for (const l of lines) {
+    const sw = document.createElement("span");
+    sw.className = "swatch";
+    sw.style.background = l.color;
+    keys.append(sw, document.createTextNode(`${l.peer.startsWith("/") ? l.peer : shortId(l.peer)}  `));
+  }
+  if (!lines.length) keys.textContent = "no evaluation yet (eval.problems, eval.every_steps)";
 }
 
 // '0.23 [0.15, 0.35] @20': the latest held-out accuracy, its 95% interval and the step it followed.
