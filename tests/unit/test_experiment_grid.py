@@ -54,8 +54,9 @@ variant = "f-tis"
 def _volatile(key: str) -> bool:
     """Wall-clock measurements: the only values two runs of one seed may differ in (`bytes_sent`
     and `bytes_received` count status records too, which carry the step's timings, so their size
-    varies; a node reads them for its tokenizer census, `swarm.send_text = auto`)."""
-    return key in ("time", "bytes_sent", "bytes_received") or key.endswith("_seconds") or key.endswith("_per_s")
+    varies; a node reads them for its tokenizer census, `swarm.send_text = auto`; `given_age_s`: the age
+    of the node's last read of its receipts)."""
+    return key in ("time", "bytes_sent", "bytes_received", "given_age_s") or key.endswith("_seconds") or key.endswith("_per_s")
 
 
 def _stable(path):

@@ -15,11 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_training_path_imports_no_network_code() -> None:
     """The device check's imports (config, models, trainer, generation, checkpoints, memory plan)
-    load no hivemind, vLLM, zstandard or swarm networking: a GPU machine without them runs it."""
+    load no hivemind, vLLM, Prometheus client or swarm networking: a GPU machine without them runs it (the
+    wire format's small pure dependencies, msgpack and zstandard, are carried there like pydantic)."""
     code = ("import sys, benchmarks.gpu_check as g, swarm_node.config, swarm_node.policy.models, "
             "swarm_node.policy.trainer, swarm_node.policy.generation, swarm_node.policy.checkpoint, "
             "swarm_node.policy.memory, swarm_node.tasks, swarm_node.tasks.arithmetic; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hivemind', 'vllm', 'zstandard', "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hivemind', 'vllm', "
             "'prometheus_client') or m.startswith(('swarm_node.swarm', 'swarm_node.ledger'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
