@@ -34,6 +34,7 @@ class Line:
     detail: str
     fix: str
     seconds: float
+    more: tuple[str, ...] = ()  # further lines under the result (the memory plan, part by part)
 
 
 def local_checks(cfg: NodeConfig) -> list[Check]:
@@ -76,7 +77,7 @@ def run_checks(checks: list[Check], progress: TextIO | None = None) -> list[Line
             r = c.run()
         except Exception as e:  # noqa: BLE001  (a check that crashes is a failed check, shown like the others)
             r = dc.failed_result(e)
-        lines.append(Line(c.name, c.required, r.status, r.detail, r.fix, round(time.perf_counter() - t0, 3)))
+        lines.append(Line(c.name, c.required, r.status, r.detail, r.fix, round(time.perf_counter() - t0, 3), r.more))
         if live:
             progress.write(" " * 40 + "\r")
         if progress is not None:
@@ -95,6 +96,7 @@ _MARK = {dc.PASS: "ok  ", dc.WARN: "WARN", dc.FAIL: "FAIL", dc.SKIP: "skip"}
 def render_line(ln: Line) -> str:
     kind = "required" if ln.required else "advisory"
     text = f"[{_MARK[ln.status]}] {ln.check:<15} {kind:<9} {ln.detail}"
+    text += "".join(f"\n       {more}" for more in ln.more)
     return text + (f"\n       -> {ln.fix}" if ln.fix and ln.status in (dc.FAIL, dc.WARN) else "")
 
 

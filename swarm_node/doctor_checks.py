@@ -5,17 +5,17 @@ wrong; what to do) into a failed result."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import platform
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
+from swarm_node import memory_budget as mb
 from swarm_node import preflight
 from swarm_node.config import NodeConfig
 from swarm_node.errors import SwarmNodeError, describe, one_line
+from swarm_node.policy.memory import MemoryPlan
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 GIB = 1 << 30
@@ -26,6 +26,7 @@ class Result:
     status: str  # pass | warn | fail | skip
     detail: str  # what was found
     fix: str = ""  # what to do (empty when nothing)
+    more: tuple[str, ...] = ()  # further lines shown under the result (the memory plan's parts)
 
 
 def failed_result(e: BaseException) -> Result:
@@ -92,47 +93,6 @@ def check_gpu(cfg: NodeConfig) -> Result:
     return Result(PASS, f"{name}, {total / GIB:.1f} GiB ({free / GIB:.1f} GiB free)")
 
 
-def _hub_cached(name: str, revision: str | None) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    found = try_to_load_from_cache(name, "config.json", revision=revision)
-    return Path(found).parent if isinstance(found, str) else None
-
-
-def model_config(cfg: NodeConfig) -> dict[str, Any] | None:
-    """The model's shape (hidden size, layers, vocabulary, ...) as far as it is known without loading it."""
-    name = cfg.model.name
-    if name.startswith("tiny-random:"):
-        from swarm_node.policy import tiny
-
-        spec = tiny.parse_tiny_spec(name)
-        return {"hidden_size": spec.hidden, "num_hidden_layers": spec.layers, "vocab_size": 512,
-                "intermediate_size": 4 * spec.hidden}
-    if name == "smollm2-135m":
-        return {"num_parameters": 135_000_000}
-    path = Path(name).expanduser()
-    where = path if path.is_dir() else _hub_cached(name, cfg.model.revision)
-    try:
-        return json.loads((where / "config.json").read_text()) if where is not None else None
-    except (OSError, ValueError):
-        return None
-
-
-def parameter_count(shape: dict[str, Any]) -> int | None:
-    """About how many parameters a decoder of this shape has (embeddings, attention, MLP)."""
-    if "num_parameters" in shape:
-        return int(shape["num_parameters"])
-    try:
-        h, n, v = int(shape["hidden_size"]), int(shape["num_hidden_layers"]), int(shape["vocab_size"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    inter = int(shape.get("intermediate_size") or 4 * h)
-    tied = bool(shape.get("tie_word_embeddings", True))
-    return v * h * (1 if tied else 2) + n * (4 * h * h + 3 * h * inter)
-
-
 def check_model(cfg: NodeConfig) -> Result:
     name = cfg.model.name
     try:
@@ -155,7 +115,7 @@ def check_model(cfg: NodeConfig) -> Result:
             return Result(FAIL, f"{name}: no *.safetensors or *.bin weights next to config.json",
                           "pass the directory that holds the weights (save_pretrained writes both)")
         return Result(PASS, f"{name}: local directory, {len(weights)} weight file(s)")
-    if _hub_cached(name, cfg.model.revision) is not None:
+    if mb.model_dir(name, cfg.model.revision) is not None:
         return Result(PASS, f"{name}: in the local hub cache")
     return Result(WARN, f"{name}: not in the local hub cache; join downloads it first",
                   "make sure this machine reaches huggingface.co (or set HF_ENDPOINT), or pass a local directory")
@@ -168,13 +128,13 @@ def check_disk(cfg: NodeConfig) -> Result:
     except SwarmNodeError as e:
         return failed_result(e)
     free = shutil.disk_usage(node_dir).free
-    shape = model_config(cfg)
-    params = parameter_count(shape) if shape else None
-    if params is None:
+    shape = mb.model_shape_of_name(cfg.model.name, cfg.model.revision)
+    if shape is None:
         need, basis = GIB, "1 GiB (model size unknown)"
-    else:
-        bytes_per = 4 if cfg.model.dtype == "float32" else 2
-        one = params * bytes_per if not cfg.model.lora.enabled else max(params * bytes_per // 50, 1 << 20)
+    else:  # checkpoints hold the trained weights (float32) and AdamW's two moments
+        lora = cfg.model.lora
+        trained = shape.params if not lora.enabled else shape.lora_params(lora.rank, lora.target_modules)
+        one = max(trained * 4 * 3, 1 << 20)
         need = (cfg.checkpoint.keep + 1) * one  # kept checkpoints + the one being written
         basis = f"{cfg.checkpoint.keep + 1} checkpoints of ~{one / GIB:.2f} GiB"
     if free < need:
@@ -183,54 +143,51 @@ def check_disk(cfg: NodeConfig) -> Result:
     return Result(PASS, f"{free / GIB:.1f} GiB free in {node_dir} (checkpoints need ~{need / GIB:.2f} GiB: {basis})")
 
 
-def memory_need(cfg: NodeConfig, params: int) -> int:
-    """Bytes a node needs for the model and batch: weights, gradients and Adam's two moments of the
-    trained parameters (all of them, or ~2% with LoRA), a generator copy, and activations of a
-    micro-batch (a rough estimate, on the safe side)."""
-    bytes_per = 4 if cfg.model.dtype == "float32" else 2
-    trained = params if not cfg.model.lora.enabled else params // 50
-    states = trained * (4 + 4 + 4)  # fp32 gradient + two Adam moments
-    seq = cfg.generation.max_new_tokens + 512  # prompt allowance
-    shape = model_config(cfg) or {}
-    hidden, layers = int(shape.get("hidden_size") or 1024), int(shape.get("num_hidden_layers") or 24)
-    activations = cfg.train.micro_batch_size * seq * hidden * layers * 16 * bytes_per
-    return 2 * params * bytes_per + states + activations
-
-
-def _mem_available() -> tuple[int, int] | None:
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        return int(info["MemTotal"].split()[0]) * 1024, int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def check_memory(cfg: NodeConfig) -> Result:
-    shape = model_config(cfg)
-    params = parameter_count(shape) if shape else None
-    if params is None:
-        return Result(SKIP, f"size of {cfg.model.name} unknown until it is downloaded")
-    need = memory_need(cfg, params)
-    on_gpu = cfg.model.device.startswith("cuda")
-    if cfg.model.device == "auto":
-        try:
-            on_gpu = gpu_memory() is not None
-        except ImportError:
-            on_gpu = False
-    mem = gpu_memory() if on_gpu else _mem_available()
-    if mem is None:
+    """The memory plan (`swarm_node.memory_budget`) fitted to this machine as `join` fits it: the
+    micro-batch it would run with, and the plan part by part."""
+    shape = mb.model_shape_of_name(cfg.model.name, cfg.model.revision)
+    if shape is None:
+        return Result(SKIP, f"shape of {cfg.model.name} unknown until it is downloaded")
+    try:
+        budget = mb.machine_budget(cfg.model.device)
+    except ImportError:
+        return Result(SKIP, "torch missing")
+    if budget is None:
         return Result(SKIP, "memory size unknown on this system")
-    total, free = (mem[1], mem[2]) if on_gpu else mem
-    where = "GPU memory" if on_gpu else "RAM"
-    what = (f"~{need / GIB:.2f} GiB for {params / 1e6:.1f}M parameters, micro-batch {cfg.train.micro_batch_size} "
-            f"x {cfg.generation.max_new_tokens} tokens; {free / GIB:.1f} of {total / GIB:.1f} GiB {where} free")
-    fix = ("lower train.micro_batch_size or generation.max_new_tokens, enable model.lora, use bfloat16, "
-           "or a smaller model")
-    if need > total:
-        return Result(FAIL, what, fix)
-    if need > free:
-        return Result(WARN, what, "close other programs first, or " + fix)
-    return Result(PASS, what)
+    try:
+        prompt_set = preflight.check_task_data(cfg) if cfg.swarm.prompt_set_id is None else None
+        prompt = mb.longest_prompt_tokens(cfg, prompt_set)
+    except SwarmNodeError:
+        prompt = None
+    try:
+        chosen = mb.fit(cfg, shape, budget, prompt)
+    except SwarmNodeError as e:
+        try:  # it fits this machine, not what is free now: a warning
+            chosen = mb.fit(cfg, shape, replace(budget, available=budget.total), prompt)
+        except SwarmNodeError:
+            plan = mb.node_plan(cfg, shape, budget.device, prompt_tokens=prompt, gpu_total=budget.total)
+            return Result(FAIL, e.what, e.fix or "", plan_lines(plan))
+        return Result(WARN, e.what, "close other programs first, or " + (e.fix or ""), plan_lines(chosen.plan))
+    plan = chosen.plan
+    picked = " (picked: train.micro_batch_size=0)" if not cfg.train.micro_batch_size else ""
+    how = (f"micro-batch {chosen.micro_batch}{picked}"
+           + (", gradient checkpointing" if chosen.gradient_checkpointing else "")
+           + (" (switched on: nothing fits without it)" if chosen.gradient_checkpointing
+              and not cfg.train.gradient_checkpointing else ""))
+    tokens = f"prompt {prompt or cfg.generation.max_prompt_tokens}" + ("" if prompt else " (max_prompt_tokens)")
+    return Result(PASS, f"~{mb.gib(plan.total)} planned for {shape.params / 1e6:.0f}M parameters, {how}, {tokens} + "
+                  f"{cfg.generation.max_new_tokens} tokens; {mb.gib(budget.available)} of {mb.gib(budget.total)} "
+                  f"{budget.where} available", "", plan_lines(plan))
+
+
+def plan_lines(plan: MemoryPlan) -> tuple[str, ...]:
+    """A memory plan part by part, one line each, with the phase each belongs to."""
+    order = ("baseline", "static", "train", "update", "generate", "load")
+    parts = sorted(plan.parts, key=lambda p: order.index(p.phase) if p.phase in order else len(order))
+    lines = [f"{p.name:<20} {mb.gib(p.bytes):>10}  {p.phase:<9} {p.note}" for p in parts]
+    peak = plan.peak_phase
+    return (*lines, f"{'peak':<20} {mb.gib(plan.total):>10}  baseline + static + {peak} (phases do not overlap)")
 
 
 def check_ports(cfg: NodeConfig) -> Result:

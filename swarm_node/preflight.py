@@ -5,12 +5,15 @@ directory, writable, its checkpoints/ writable), the identity key, initial-peer 
 listening ports (DHT and Prometheus, free to bind), the model name (a tiny spec, the embedded
 model, a local model directory or a well-formed hub id), the task's data (loaded, so a missing
 file or a row with the wrong keys is reported here) and a checkpoint left by another model. Each
-problem raises an `errors.InputError` (exit 2) naming the value and what to do.
+problem raises an `errors.InputError` (exit 2) naming the value and what to do. `fit_memory(cfg,
+prompt_set)` then fits the node to this machine's memory (`swarm_node.memory_budget`): it picks the
+micro-batch (and gradient checkpointing when needed), or refuses with what would fit.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -22,6 +25,7 @@ from typing import Any
 from swarm_node.config import NodeConfig
 from swarm_node.errors import InputError, RuntimeFailure, one_line
 
+log = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -208,6 +212,36 @@ def check_checkpoint_model(node_dir: Path, cfg: NodeConfig) -> None:
             raise InputError(f"{node_dir} holds checkpoints of another model ({key}={meta[key]!r}, this config "
                              f"has {value!r}; {found[-1].name})",
                              "pass another --node-dir, or the model.name/model.lora the checkpoints were made with")
+
+
+def fit_memory(cfg: NodeConfig, prompt_set: Any) -> None:
+    """Fit the node to this machine's memory before the model loads (`memory_budget.fit`): sets
+    `train.micro_batch_size` when it is 0 (the largest that fits) and `train.gradient_checkpointing`
+    when only checkpointing makes it fit; InputError naming what would fit when nothing does. A
+    model whose shape is unknown until it is downloaded is not planned (0 then means the default)."""
+    from swarm_node import memory_budget as mb
+    from swarm_node.config import TrainConfig
+
+    shape = mb.model_shape_of_name(cfg.model.name, cfg.model.revision)
+    budget = mb.machine_budget(cfg.model.device) if shape is not None else None
+    if shape is None or budget is None:
+        if cfg.train.micro_batch_size == 0:
+            cfg.train.micro_batch_size = TrainConfig.model_fields["micro_batch_size"].default
+        log.info("memory plan: %s; train.micro_batch_size=%d", "the model's shape is unknown until it is downloaded"
+                 if shape is None else "this machine's memory is unknown", cfg.train.micro_batch_size)
+        return
+    prompt = mb.longest_prompt_tokens(cfg, prompt_set)
+    chosen = mb.fit(cfg, shape, budget, prompt)
+    if chosen.micro_batch != cfg.train.micro_batch_size:
+        cfg.train.micro_batch_size = chosen.micro_batch
+    if chosen.gradient_checkpointing and not cfg.train.gradient_checkpointing:
+        log.warning("memory plan: nothing fits without gradient checkpointing: "
+                    "train.gradient_checkpointing switched on")
+        cfg.train.gradient_checkpointing = True
+    log.info("memory plan: ~%s at train.micro_batch_size=%d%s, %s of %s available (prompt %d tokens)",
+             mb.gib(chosen.plan.total), chosen.micro_batch, " with gradient checkpointing"
+             if chosen.gradient_checkpointing else "", mb.gib(budget.available), budget.where,
+             prompt or cfg.generation.max_prompt_tokens)
 
 
 def check_checkpoint_dir(path: Path) -> None:

@@ -74,7 +74,7 @@ def listed_benchmarks() -> set[str]:
 
 SMOKE_TESTED = {"wire", "collect_rollouts", "scale", "swarm", "objective", "generation", "spotcheck_influence",
                 "status", "train_step", "packed_step", "eval_batches", "spotcheck_tolerance", "default_task",
-                "allocator", "eval_cost"}
+                "allocator", "eval_cost", "memory_plan"}
 
 
 def test_every_listed_benchmark_has_a_smoke_test():
@@ -245,3 +245,12 @@ def test_eval_cost_times_steps_and_an_evaluation(cache):
     share = r["overhead_at_every"]
     assert 0 < share["50"] < share["10"] < share["1"] < 1  # rarer evaluations cost a smaller share
     assert share["1"] == pytest.approx(r["ratio"] / (1 + r["ratio"]), abs=1e-3)  # eval / (step + eval)
+
+
+def test_memory_plan_matches_the_measured_peaks(cache):
+    r = bench("memory_plan", cache)
+    assert set(r["memory_estimate_ratio"]) == {"10m", "30m"}
+    for name, ratio in r["memory_estimate_ratio"].items():  # the plan's total against the peak RSS
+        assert 0.75 <= ratio <= 1.33, (name, ratio)
+    for name, ratio in r["allocated_estimate_ratio"].items():  # its allocated part against torch's peak
+        assert 0.75 <= ratio <= 1.33, (name, ratio)

@@ -86,14 +86,31 @@ def test_skewed_clock_fails_with_its_fix(tmp_path):
     assert ds.check_clock(_probe_with_skew(tmp_path, 0.0)).status == dc.PASS
 
 
-def test_round_trip_and_memory_estimate(tmp_path):
+def test_round_trip(tmp_path):
     probe = _probe_with_skew(tmp_path, 0.0)
     assert ds.check_round_trip(probe).status == dc.PASS
-    small = dc.memory_need(_cfg(tmp_path), dc.parameter_count(dc.model_config(_cfg(tmp_path))))
-    big = _cfg(tmp_path, 'model.name="smollm2-135m"')
-    assert dc.memory_need(big, 135_000_000) > small > 0
-    lora = _cfg(tmp_path, 'model.name="smollm2-135m"', "model.lora.enabled=true")
-    assert dc.memory_need(lora, 135_000_000) < dc.memory_need(big, 135_000_000)
+
+
+def test_memory_shows_the_plan_by_part_and_what_fits(tmp_path, monkeypatch):
+    from swarm_node import memory_budget as mb
+
+    gib = 1 << 30
+    monkeypatch.setattr(mb, "machine_budget", lambda device: mb.Budget("cpu", 64 * gib, 64 * gib, "RAM"))
+    cfg = _cfg(tmp_path, 'model.name="smollm2-135m"', 'generation.backend="hf"')
+    r = dc.check_memory(cfg)
+    assert r.status == dc.PASS and "micro-batch 8" in r.detail and "135M parameters" in r.detail
+    names = [line.split()[0] for line in r.more]
+    assert names[:4] == ["baseline", "weights", "optimizer", "gradients"] and names[-1] == "peak"
+    total = mb.node_plan(cfg, mb.EMBEDDED_SHAPE, "cpu", prompt_tokens=mb.longest_prompt_tokens(
+        cfg, dc.preflight.check_task_data(cfg))).total
+    assert mb.gib(total) in r.detail and mb.gib(total) in r.more[-1]
+    shown = doctor.render_line(doctor.run_checks([doctor.Check("memory", True, lambda: r)])[0])
+    assert "\n       activations" in shown
+    monkeypatch.setattr(mb, "machine_budget", lambda device: mb.Budget("cpu", 2 * gib, 2 * gib, "RAM"))
+    r = dc.check_memory(cfg)
+    assert r.status == dc.FAIL and "does not fit" in r.detail and "model.lora.enabled=true" in r.fix
+    monkeypatch.setattr(mb, "machine_budget", lambda device: mb.Budget("cpu", 2 * gib, 64 * gib, "RAM"))
+    assert dc.check_memory(cfg).status == dc.WARN  # fits the machine, not what is free now
 
 
 def test_exit_code_counts_required_failures_only():
