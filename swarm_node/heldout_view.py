@@ -10,14 +10,11 @@ node; the dashboard draws the whole trend of the nodes it is given with --node-d
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from swarm_node.errors import InputError
@@ -72,22 +69,8 @@ def interval_bar(value: float, lo: float, hi: float, width: int = 20) -> str:
 def run_heldout_status(node_dir: Path, *, as_json: bool, watch: bool = False, interval: float = 5.0) -> None:
     """Print the held-out trend of the node in `node_dir` (JSON: a list of points); `watch`:
     re-read the file every `interval` seconds until Ctrl-C."""
-    points = node_trend(node_dir)
-    if as_json:
-        print(json.dumps(points, indent=1, allow_nan=False))
-        return
-    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
-    title = lambda pts: f"{len(pts)} held-out evaluations (greedy pass@1) of {node_dir}"  # noqa: E731
-    if not watch:
-        console.print(render_trend(points, title(points)))
-        return
-    from rich.live import Live
+    from swarm_node.observe import show_node_file
 
-    from swarm_node.observe import stop_on_signals
-
-    stop = stop_on_signals()
-    with Live(console=console, refresh_per_second=1) as live:
-        while not stop.is_set():
-            live.update(render_trend(points, title(points)))
-            stop.wait(interval)
-            points = node_trend(node_dir)
+    title = f"held-out evaluations (greedy pass@1) of {node_dir}"
+    show_node_file(lambda: node_trend(node_dir), lambda pts: render_trend(pts, f"{len(pts)} {title}"),
+                   as_json=as_json, watch=watch, interval=interval)

@@ -7,15 +7,12 @@ the same rows (`dashboard.sources.LedgerSource`).
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from swarm_node.errors import InputError, RuntimeFailure
@@ -96,22 +93,8 @@ def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "
 def run_peers_status(node_dir: Path, *, as_json: bool, watch: bool = False, interval: float = 5.0) -> None:
     """Print the ledger of the node in `node_dir` (JSON: a list of rows, most samples first);
     `watch`: re-read the file every `interval` seconds and redraw the table until Ctrl-C."""
-    rows = ledger_rows(node_dir)
-    if as_json:
-        print(json.dumps(rows, indent=1, allow_nan=False))
-        return
-    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
-    title = lambda n: f"peer ledger of {node_dir}: {n} peers"  # noqa: E731
-    if not watch:
-        console.print(render_peer_table(rows, time.time(), title(len(rows))))
-        return
-    from rich.live import Live
+    from swarm_node.observe import show_node_file
 
-    from swarm_node.observe import stop_on_signals
-
-    stop = stop_on_signals()
-    with Live(console=console, refresh_per_second=1) as live:
-        while not stop.is_set():
-            live.update(render_peer_table(rows, time.time(), title(len(rows))))
-            stop.wait(interval)
-            rows = ledger_rows(node_dir)
+    show_node_file(lambda: ledger_rows(node_dir),
+                   lambda rows: render_peer_table(rows, time.time(), f"peer ledger of {node_dir}: {len(rows)} peers"),
+                   as_json=as_json, watch=watch, interval=interval)

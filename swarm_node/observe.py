@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,27 @@ def stop_on_signals() -> threading.Event:
     lifecycle.install_signal_handlers()
     lifecycle.on_stop(lambda _signum: stop.set())
     return stop
+
+
+def show_node_file(read: Callable[[], Any], render: Callable[[Any], Any], *, as_json: bool, watch: bool,
+                   interval: float) -> None:
+    """Print what `read()` returns from a node directory: as JSON, as one rich table (`render`), or
+    (`watch`) re-read every `interval` seconds and redrawn until Ctrl-C. Shared by the local views
+    (`status --peers`, `status --heldout`)."""
+    data = read()
+    if as_json:
+        print(json.dumps(data, indent=1, allow_nan=False))
+        return
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe or file gets whole lines
+    if not watch:
+        console.print(render(data))
+        return
+    stop = stop_on_signals()
+    with Live(console=console, refresh_per_second=1) as live:
+        while not stop.is_set():
+            live.update(render(data))
+            stop.wait(interval)
+            data = read()
 
 
 class SwarmStatusSource:
