@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -90,3 +92,11 @@ def wait_for_line(path: Path, pattern: str, timeout: float, procs: Iterable[subp
 
     wait_until(seen, timeout, f"a line matching {pattern!r} in {path}", procs, log=path)
     return found[0]
+
+
+def start_join(config: Path, log: Path) -> subprocess.Popen:
+    """`swarm-node join --config CONFIG` as a process (one torch thread), its output appended to `log`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "ab") as f:
+        return subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config)],
+                                stdout=f, stderr=subprocess.STDOUT, env=env)

@@ -9,7 +9,6 @@ past the receiver's window) are no faults, so no node is ever `excluded_peer`; a
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from swarm_node.assemble import start_transport
 from swarm_node.config import SwarmConfig
-from tests.procs import jsonl_rows, tiny_toml, wait_until
+from tests.procs import jsonl_rows, start_join, tiny_toml, wait_until
 
 # Two warm-ups and two `join` processes: minutes on two cores, so it runs with the slow tests.
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -40,11 +39,6 @@ def write_config(tmp: Path, name: str, model: Path, peers: list[str], seed: int)
     return path
 
 
-def start(config: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def rows(node_dir: Path) -> list[dict]:
@@ -71,7 +65,7 @@ def test_two_tokenizers_joined_together_take_each_other_and_nobody_is_excluded(t
         peers = [str(a) for a in bootstrap.visible_maddrs]
         dirs = {name: tmp_path / name for name in models}
         logs = {name: tmp_path / f"{name}.log" for name in models}
-        procs = [start(write_config(tmp_path, name, model, peers, seed), logs[name])
+        procs = [start_join(write_config(tmp_path, name, model, peers, seed), logs[name])
                  for seed, (name, model) in enumerate(models.items())]
         wait_until(lambda: all(first_taking_step(d) is not None for d in dirs.values()), 300,
                    "each node to take a group of the other", procs, log=logs["slow"])

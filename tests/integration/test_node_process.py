@@ -5,11 +5,9 @@ leave within a bound (exit 143)."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,7 @@ from swarm_node.assemble import start_transport
 from swarm_node.config import SwarmConfig
 from swarm_node.ledger import FILE_NAME as LEDGER_FILE
 from swarm_node.ledger import load_rows
-from tests.procs import jsonl_rows, tiny_toml, wait_until
+from tests.procs import jsonl_rows, start_join, tiny_toml, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 SWARM = "itest-proc"
@@ -32,11 +30,6 @@ def write_config(path: Path, node_dir: Path, cache: Path, peers: list[str], seed
     return path
 
 
-def start(config: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config)],
-                                stdout=f, stderr=subprocess.STDOUT, env=env)
 
 
 def steps(node_dir: Path) -> list[int]:
@@ -65,7 +58,7 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         dirs = [tmp_path / "n0", tmp_path / "n1"]
         logs = [tmp_path / "n0.log", tmp_path / "n1.log"]
         cfgs = [write_config(tmp_path / f"n{i}.toml", d, tmp_path / "cache", peers, i) for i, d in enumerate(dirs)]
-        procs = [start(c, log) for c, log in zip(cfgs, logs)]
+        procs = [start_join(c, log) for c, log in zip(cfgs, logs)]
         wait_until(lambda: all(len(steps(d)) >= 4 for d in dirs), 240, "both nodes to take 4 steps", procs)
         # The victim's written ledger must already hold the other peer (it is written with each
         # checkpoint): the node that starts first can reach its first checkpoints before the other
@@ -87,7 +80,7 @@ def test_kill_and_resume_as_same_peer(tmp_path):
         # The ledger written with the last checkpoint (or later, every metrics.ledger_every_steps).
         saved = ledger(dirs[0])
         assert other in saved and saved[other]["offered"] >= 1, saved
-        procs[0] = start(cfgs[0], logs[0])
+        procs[0] = start_join(cfgs[0], logs[0])
         wait_until(lambda: len(steps(dirs[0])) > len(before_restart), 120, "the restarted node to step", procs)
         ids = peer_id_in(logs[0])
         assert len(ids) == 2 and ids[0] == ids[1], ids

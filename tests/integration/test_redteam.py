@@ -335,7 +335,7 @@ def test_reward_under_attack_over_the_suite() -> None:
     rounds under it): the honest nodes kept learning (reward and non-zero gradients in the
     baselines) and their mean reward under attack is not lower than without beyond its noise."""
     if len(RUNS) < 5:
-        pytest.skip("too few attacks ran in this session to pool")
+        pytest.skip("too few attacks ran in this run to pool")
     gb = [x for r in RUNS for x in r["reward"]["group_means"][0]]
     ga = [x for r in RUNS for x in r["reward"]["group_means"][1]]
     base, under, se = sum(gb) / len(gb), sum(ga) / len(ga), difference_noise(gb, ga)
