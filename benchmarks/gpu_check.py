@@ -397,11 +397,10 @@ def shape_check(args: argparse.Namespace, name: str, cache: Path) -> dict[str, A
         "training": {"seconds": t_train.seconds, "tokens": train_tokens,
                      "tokens_per_s": train_tokens / t_train.seconds},
     }
-    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     job = {"spec": spec, "device": args.device, "cache": str(cache), "micro_batch": args.micro_batch,
            "group_size": args.group_size, "prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
            "samples": [[s.prompt_ids.tolist(), s.completion_ids.tolist(), s.generator_logprobs.tolist(), s.reward,
-                        s.group_key] for s in samples], "longest": longest,
+                        s.group_key] for s in samples],
            "model_config": policy.model.config.to_dict(), "compute_dtype": out["compute_dtype"]}
     if args.device == "cuda":
         train_peak = torch.cuda.max_memory_allocated()
