@@ -59,7 +59,7 @@ COPY swarm_node ./swarm_node
 COPY deploy/bootstrap_identity.py ./deploy/bootstrap_identity.py
 RUN pip install --no-deps . \
     && swarm-node --help > /dev/null \
-    && python -c "import hivemind, protocol, swarm_node.metrics, swarm_node.dashboard.server as d; \
+    && python -c "import hivemind, protocol, swarm_node.observe.metrics, swarm_node.observe.dashboard.server as d; \
 assert (d.STATIC_DIR / 'index.html').is_file(), 'dashboard page missing from the package'"
 
 RUN useradd --create-home --uid 1000 swarm \

@@ -33,7 +33,7 @@ RUN = "runs/specialists/f-tis/seed0"
 
 
 def _grid(out: Path, cache: Path, allocator: Path | None, steps: int, problems: int | None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(FILE), "--out", str(out),
+    cmd = [sys.executable, "-m", "swarm_node", "experiment", str(FILE), "--out", str(out),
            "--pair", "specialists", "--arm", "f-tis", "--seed", "0", "--set", f'experiment.cache_dir="{cache}"',
            "--set", f"experiment.steps={steps}", "--set", f"eval.every={max(1, steps // 2)}"]
     cmd += ["--set", f"eval.problems={problems}", "--set", f"eval.ood_problems={problems}"] if problems else []

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from swarm_node.machine import machine_info
+from swarm_node.util.machine import machine_info
 
 
 def peak_rss_mib() -> float:

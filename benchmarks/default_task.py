@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks.common import emit, parse_args
 from protocol.binding import select_prompts
 from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
-from swarm_node.evaluate import evaluate
+from swarm_node.evaluation.evaluate import evaluate
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import load_policy
 from swarm_node.tasks.heldout import default_eval_task, disjoint_heldout

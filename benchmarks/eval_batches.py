@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.common import emit, parse_args
 from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
-from swarm_node.evaluate import evaluate
+from swarm_node.evaluation.evaluate import evaluate
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.models import load_policy
 from swarm_node.tasks import make_reward_fn

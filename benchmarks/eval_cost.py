@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import emit, parse_args, peak_rss_mib
-from swarm_node.assemble import build_parts
+from swarm_node.node.assemble import build_parts
 from swarm_node.config import NodeConfig
-from swarm_node.local import LOCAL_DEFAULTS
-from swarm_node.node import Node
+from swarm_node.ops.local import LOCAL_DEFAULTS
+from swarm_node.node.loop import Node
 
 PRESETS: dict[str, list[str]] = {
     "join": [],  # NodeConfig's defaults: what `swarm-node join` and `train` run without options

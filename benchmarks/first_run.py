@@ -20,9 +20,10 @@ from pathlib import Path
 
 from benchmarks.common import emit
 from swarm_node import metric_names as m
-from swarm_node.metrics import latest_run, read_metrics_jsonl
-from swarm_node.heldout_eval import read_evals
-from swarm_node.report import summarize
+from swarm_node.observe.metrics import read_metrics_jsonl
+from swarm_node.util.jsonl import latest_run
+from swarm_node.evaluation.heldout import read_evals
+from swarm_node.observe.report import summarize
 
 
 def quarters(values: list[float]) -> list[float | None]:
@@ -51,7 +52,7 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path, default=None)
     args = ap.parse_args()
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="first-run-")) / "run"
-    cmd = [sys.executable, "-m", "swarm_node.cli", "local", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--run-dir", str(run_dir)]
     cmd += ["--steps", str(args.steps)] if args.steps else []
     cmd += ["--eval-problems", str(args.eval_problems)] if args.eval_problems else []
     start = time.perf_counter()

@@ -48,7 +48,7 @@ RATIO_BOUNDS = (0.75, 1.33)
 def plan_of(job: dict[str, Any], device: str) -> Any:
     """The plan for one configuration at the node's precision on `device`."""
     from swarm_node.config import LoraConfig, ModelConfig
-    from swarm_node.memory_budget import model_step_plan
+    from swarm_node.node.memory_budget import model_step_plan
 
     model = ModelConfig(name=job["model"], compute_dtype=job.get("compute_dtype", "auto"),
                         lora=LoraConfig(enabled=bool(job.get("lora"))))

@@ -23,7 +23,7 @@ import torch
 
 from benchmarks.common import Timer, emit, parse_args, peak_rss_mib
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
+from swarm_node.method.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
 
 
 def make_batch(b: int, t: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:

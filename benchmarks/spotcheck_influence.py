@@ -28,7 +28,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = parse_args(ap, {"tokens": 8})
     from swarm_node.config import ObjectiveConfig
-    from swarm_node.objective import ObjectiveInputs, objective_loss
+    from swarm_node.method.objective import ObjectiveInputs, objective_loss
 
     cfg = ObjectiveConfig() if args.c is None else ObjectiveConfig(truncation_c=args.c)
     torch.manual_seed(args.seed)

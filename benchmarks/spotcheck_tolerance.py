@@ -5,7 +5,7 @@
 
 Honest groups are sampled by the node's own generator (`--backend hf`: HFGenerator; `vllm`: the
 vLLM backend, which needs vLLM installed) with the model in each `--gen-dtype`, then checked as a
-receiver does (`swarm_node.spotcheck`: `--positions` positions of `--completions` completions, at
+receiver does (`swarm_node.peers.spotcheck`: `--positions` positions of `--completions` completions, at
 the group's declared temperature) by the same model loaded in each `--score-dtype`. Reports, per
 (model, generation dtype, scoring dtype), the distribution of the per-group median exp(|delta|) - 1
 (median, p99, max), how many groups exceed `--tolerance` (honest false positives), and how many
@@ -67,10 +67,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     from swarm_node.config import GenerationConfig, ModelConfig, TaskConfig
-    from swarm_node.config_spotcheck import DEFAULT_TOLERANCE
+    from swarm_node.config.spotcheck import DEFAULT_TOLERANCE
     from swarm_node.policy.generation import make_generator
     from swarm_node.policy.models import load_policy
-    from swarm_node.spotcheck import mismatch, recompute, sample_positions
+    from swarm_node.peers.spotcheck import mismatch, recompute, sample_positions
     from swarm_node.tasks import load_prompt_set, render_prompt
 
     tolerance = args.tolerance if args.tolerance is not None else DEFAULT_TOLERANCE

@@ -3,7 +3,7 @@
 The swarm: `--peers` DHT peers (one the bootstrap), each publishing a status record like a node's.
 Measured:
 
-* cold: wall time of a fresh `python -m swarm_node.cli status -p ADDR --json` process, from
+* cold: wall time of a fresh `python -m swarm_node status -p ADDR --json` process, from
   exec to exit, `--repeats` times (the median is the headline; the goal is <= 2 s on a quiet
   machine); the baseline, cold_full_hivemind: a fresh process reading the same way through the
   full hivemind (torch imported, a DHT process), as one-shot `status` did before swarm/light.py;
@@ -60,7 +60,7 @@ def _start_swarm(n: int, root: Path) -> list:
 # The baseline: what a one-shot status did before the light reader (full hivemind, torch, a DHT process).
 _FULL_PATH = """
 import json, os, sys
-from swarm_node.observe import connect_observer, status_rows
+from swarm_node.observe.observer import connect_observer, status_rows
 transport, exchange = connect_observer([sys.argv[1]], sys.argv[2], self_heal=False, timeout=30.0)
 print(json.dumps(status_rows(exchange.read_statuses(timeout=10.0))), flush=True)
 transport.shutdown()
@@ -71,7 +71,7 @@ os._exit(0)
 def _cold(addr: str, expected: int, full: bool = False) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     cmd = (["-c", _FULL_PATH, addr, SWARM] if full else
-           ["-m", "swarm_node.cli", "status", "-p", addr, "--swarm-id", SWARM, "--json"])
+           ["-m", "swarm_node", "status", "-p", addr, "--swarm-id", SWARM, "--json"])
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=120, env=env)
     seconds = time.perf_counter() - t0
@@ -95,7 +95,7 @@ def main() -> None:
             addr = peers[0].visible_maddrs[0]
             cold = [_cold(addr, args.peers) for _ in range(args.repeats)]
             cold_full = [_cold(addr, args.peers, full=True) for _ in range(args.repeats)]
-            from swarm_node.observe import connect_observer
+            from swarm_node.observe.observer import connect_observer
 
             t0 = time.perf_counter()
             transport, exchange = connect_observer([addr], SWARM, self_heal=False, timeout=30.0)

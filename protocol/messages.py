@@ -195,7 +195,7 @@ class RolloutGroup(_WireEq):
     that generated the group: an honest sender whose base weights were changed by training appends
     "+trained" to the base revision, and a LoRA sender declares the digest of its current adapter
     (`swarm_node.policy.models.Policy`). A receiver holding those weights may recompute some
-    logprobs (`swarm_node.spotcheck`); validate checks the digest's form (`bad_adapter_digest`).
+    logprobs (`swarm_node.peers.spotcheck`); validate checks the digest's form (`bad_adapter_digest`).
     """
 
     protocol_version: int = EXCHANGE_VERSION
@@ -249,7 +249,7 @@ class RolloutIndex(_WireEq):
 
 MAX_RECEIPTS = 32
 """Receipts one status record carries at most (senders; the node keeps the ones that gave it the
-most, `swarm_node.receipts`). With every other field at its bound, a record stays under the DHT's
+most, `swarm_node.peers.receipts`). With every other field at its bound, a record stays under the DHT's
 64 KiB owned-record limit (tests/unit/test_receipts_protocol.py states both sizes)."""
 MAX_RECEIPT_REASONS = 8
 """Drop reasons one receipt names at most; the node sums the rest under `OTHER_REASON`."""

@@ -97,7 +97,7 @@ _REASON = re.compile(f"[a-z0-9_]{{1,{MAX_RECEIPT_REASON_LEN}}}")
 # probability under e^-50 ~ 2e-22: with vocabularies of 1e5-1e6 tokens and any realistic number of
 # samples that does not happen, so such a value can only be fabricated (or a broken generator). It
 # is also what keeps the receiver's numerics safe: pi_theta/pi_gen stays within reach of the
-# objective's log-ratio clamp (swarm_node.objective.LOG_RATIO_BOUND) instead of overflowing.
+# objective's log-ratio clamp (swarm_node.method.objective.LOG_RATIO_BOUND) instead of overflowing.
 MIN_LOGPROB = -50.0
 
 # The sampling temperatures a receiver supports by default (declared in `SamplingParams`; logprobs

@@ -24,7 +24,7 @@ Counting conventions (all counts are *per step*, never cumulative):
   - `is_weight_*` average every scored token (own ones included); `is_weight_peer_*` and
     `truncated_peer_fraction` peers' tokens only.
   - `kl_*` / `kl_peer_*`: the per-sample KL of the configured estimator over all / peers' samples;
-    `kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`: both estimators on peers' samples (swarm_node.kl).
+    `kl_peer_k3_gen_*`, `kl_peer_k3_theta_*`: both estimators on peers' samples (swarm_node.method.kl).
   - `dropped_<reason>`: peer data rejected in this step before training (malformed, stale, wrong
     tokenizer, ...). Reasons are open-ended short identifiers; Prometheus exports them as one
     labelled counter `swarm_node_dropped_total{reason="..."}`. The running totals since the node
@@ -38,7 +38,7 @@ Counting conventions (all counts are *per step*, never cumulative):
   - `given_*`: the receipts naming this node in peers' status records (given.py), as of its latest
     read of them (every few windows): state, repeated in every step until the next read;
     `given_dropped_<reason>` for the commonest reasons receivers name (at most 8).
-  - `eval_*`: the node's latest held-out evaluation (heldout_eval.py), in every step from the one
+  - `eval_*`: the node's latest held-out evaluation (evaluation/heldout.py), in every step from the one
     it followed until the next: state, like `live_peers`, not a count; `eval_step` says which
     step it measured (0: before training), `eval_lo`/`eval_hi` its 95% Wilson interval.
 """
@@ -158,7 +158,7 @@ GIVEN_SPAN_S = "given_span_s"
 GIVEN_AGE_S = "given_age_s"
 GIVEN_DROPPED_PREFIX = "given_dropped_"
 
-# A per-sample distribution over the batch (objective_stats.py): mean, quantiles 0.5, 0.9, 0.99, max.
+# A per-sample distribution over the batch (method/stats.py): mean, quantiles 0.5, 0.9, 0.99, max.
 KL_DISTRIBUTION = (KL_MEAN, KL_P50, KL_P90, KL_P99, KL_MAX)
 KL_PEER_DISTRIBUTION = (KL_PEER_MEAN, KL_PEER_P50, KL_PEER_P90, KL_PEER_P99, KL_PEER_MAX)
 KL_PEER_K3_GEN_DISTRIBUTION = (KL_PEER_K3_GEN_MEAN, KL_PEER_K3_GEN_P50, KL_PEER_K3_GEN_P90, KL_PEER_K3_GEN_P99,
@@ -241,7 +241,7 @@ METRICS: dict[str, str] = {
     TEXT_WITHHELD: "Own groups published without text although text was due: a completion had no faithful text.",
     BYTES_SENT: "Bytes published to the swarm in the step.",
     BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
-    # the node's latest held-out evaluation (heldout_eval.py), repeated in every step after it
+    # the node's latest held-out evaluation (evaluation/heldout.py), repeated in every step after it
     EVAL_ACCURACY: "Held-out accuracy (greedy pass@1) of the node's latest evaluation (eval.every_steps).",
     EVAL_STEP: "The step after which the latest held-out evaluation ran (0: before training).",
     EVAL_LO: "Lower end of the latest held-out accuracy's 95% Wilson interval.",

@@ -5,8 +5,8 @@ import signal
 
 import pytest
 
-from swarm_node import lifecycle
-from swarm_node.cli import app
+from swarm_node.util import lifecycle
+from swarm_node.ops.cli import app
 
 
 @pytest.fixture(autouse=True)

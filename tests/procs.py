@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.toml_text import to_toml
+from swarm_node.config.toml_text import to_toml
 
 TINY_MODEL = "tiny-random:64x1:a"
 
@@ -98,5 +98,5 @@ def start_join(config: Path, log: Path) -> subprocess.Popen:
     """`swarm-node join --config CONFIG` as a process (one torch thread), its output appended to `log`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "ab") as f:
-        return subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "join", "--config", str(config)],
+        return subprocess.Popen([sys.executable, "-m", "swarm_node", "join", "--config", str(config)],
                                 stdout=f, stderr=subprocess.STDOUT, env=env)

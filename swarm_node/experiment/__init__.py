@@ -67,14 +67,14 @@ def _workers(file: Path, out: Path, *, quick: bool, mode: str | None, overrides:
     import os
 
     from swarm_node.experiment.workers import find_allocator, run_workers, worker_count, worker_env
-    from swarm_node.lifecycle import PARENT_ENV
+    from swarm_node.util.lifecycle import PARENT_ENV
 
     try:
         n, lib = worker_count(workers), find_allocator(allocator)
     except ValueError as e:
         print(f"swarm-node experiment: {e}", file=sys.stderr)
         return 2
-    args = [sys.executable, "-m", "swarm_node.cli", "experiment", str(file), "--out", str(out)]
+    args = [sys.executable, "-m", "swarm_node", "experiment", str(file), "--out", str(out)]
     args += ["--quick"] * quick + ["-v"] * verbose + (["--mode", mode] if mode else [])
     for flag, values in (("--pair", pairs), ("--arm", arms), ("--seed", seeds), ("--set", overrides)):
         for v in values or []:

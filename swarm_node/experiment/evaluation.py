@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text
+from swarm_node.util.atomic import atomic_write_text
 from swarm_node.tasks.base import Problem, PromptSet
 
 SKILL_LEVELS = (1, 2)  # arithmetic levels whose problems are one addition or one subtraction
@@ -76,7 +76,7 @@ class Evaluator:
 
     def _one(self, policy: Any, problems: PromptSet, prefix: str) -> dict[str, float]:
         from swarm_node.config import GenerationConfig
-        from swarm_node.evaluate import evaluate
+        from swarm_node.evaluation.evaluate import evaluate
         from swarm_node.policy.generation import HFGenerator
 
         e = self.spec.eval

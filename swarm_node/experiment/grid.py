@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text, file_lock
+from swarm_node.util.atomic import atomic_write_text, file_lock
 from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
-from swarm_node.machine import fingerprint
+from swarm_node.util.machine import fingerprint
 from swarm_node.tasks.base import PromptSet
 
 # While a grid runs, its summary (tables and plots of every finished run: about 2-3 s for a 100-run

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from swarm_node.atomic import atomic_write_text
+from swarm_node.util.atomic import atomic_write_text
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 
 if TYPE_CHECKING:
-    from swarm_node.node import Node
-    from swarm_node.parts import NodeParts
+    from swarm_node.node.loop import Node
+    from swarm_node.node.parts import NodeParts
 
 T0 = 1_700_000_000.0  # lockstep DHT time origin (a plausible wall-clock time)
 
@@ -99,8 +99,8 @@ class LockstepNode:
 
 def build_nodes(configs: list[tuple[str, Any]], peer_lag: int) -> tuple[list[LockstepNode], RoundClock, Delivery | None]:
     """Production parts for each (name, NodeConfig); swarm-enabled configs share one MemorySwarm."""
-    from swarm_node.assemble import build_parts
-    from swarm_node.node import Node
+    from swarm_node.node.assemble import build_parts
+    from swarm_node.node.loop import Node
 
     window = configs[0][1].swarm.window_seconds
     clock = RoundClock(window)

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_with
+from swarm_node.util.atomic import atomic_write_with
 from swarm_node.experiment.primary import metric_key
 from swarm_node.experiment.stats import mean_ci
 

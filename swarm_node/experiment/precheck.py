@@ -14,9 +14,9 @@ report, against the node's objective config (the swarm arm's):
 A direction whose peer has no weak skill itself (a stranger) is reported but not required.
 
 Across tokenizers (the peer's tokenizer fingerprint differs), the peer's correct samples go the way a
-receiver takes them (`swarm_node.crosstok_receive`): the text and piece bytes the sender would send
+receiver takes them (`swarm_node.peers.crosstok_receive`): the text and piece bytes the sender would send
 (`policy.pieces.completion_text`), re-tokenized by the node, aligned into chunks; KL and weights are
-then per chunk, as in the objective (`swarm_node.objective_chunks`), and the weight is each own
+then per chunk, as in the objective (`swarm_node.method.chunks`), and the weight is each own
 token's chunk weight. `converted` counts the correct samples that survive the conversion (a group
 with one unconvertible completion would be dropped whole; here each sample is counted alone), and
 `tokens_per_chunk` is the mean own tokens per chunk.
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from swarm_node.objective_chunks import broadcast, chunk_mask, chunk_sum
+from swarm_node.method.chunks import broadcast, chunk_mask, chunk_sum
 
 WEIGHT_FLOOR = 0.1
 
@@ -57,7 +57,7 @@ def _weak_problems(cfg: Any, skill: str, count: int) -> list:
 @torch.no_grad()
 def check_direction(node_cfg: Any, peer_cfg: Any, skill: str, prompts: int, seed: int) -> dict[str, Any]:
     """The numbers of one (node, peer) direction (module docstring)."""
-    from swarm_node.kl import per_sample_kl
+    from swarm_node.method.kl import per_sample_kl
     from swarm_node.policy.generation import HFGenerator
     from swarm_node.policy.models import load_policy
     from swarm_node.policy.scoring import padded_batch, token_logprobs
@@ -136,7 +136,7 @@ class _Sent:
 def _own_view(node: Any, peer: Any, completion: Any) -> Any | None:
     """The node's view (`crosstok_receive.OwnView`) of a peer completion of another tokenizer, or None
     when the sender would send no text or the receiver would drop it."""
-    from swarm_node.crosstok_receive import receive_completion
+    from swarm_node.peers.crosstok_receive import receive_completion
     from swarm_node.policy.pieces import completion_text
 
     sent = completion_text(peer.tokenizer, completion.token_ids)

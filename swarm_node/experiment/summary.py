@@ -9,7 +9,7 @@ the isolated arm (paired by seed, so the shared starting point and prompt order 
 the nodes' own metrics (`run_metrics`, per run, then the mean over seeds): peer samples that carried
 gradient (not filtered, advantage != 0), the fraction of peer samples filtered, the importance
 weight pi_theta_old/pi_gen over peers' tokens only, and the per-sample KL to peers by both
-estimators (k3_gen and k3_theta, `swarm_node.kl`): median of the steps' medians, median of the
+estimators (k3_gen and k3_theta, `swarm_node.method.kl`): median of the steps' medians, median of the
 steps' 90th percentiles, and the largest value of the run.
 """
 
@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text
+from swarm_node.util.atomic import atomic_write_text
 from swarm_node.experiment.plots import plot_pair
 from swarm_node.experiment.primary import fixed_metrics
 from swarm_node.experiment.stats import curve_auc, mean_ci
-from swarm_node.machine import describe
+from swarm_node.util.machine import describe
 
 def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -93,7 +93,7 @@ def peer_offer(run_dir: Path, node: str, pair_nodes: list[str]) -> dict[str, flo
     whose taken groups reached the node's cap (`rollouts.peer_group_cap`). taken < offered with no
     bound step: nothing was left out by a cap (the first node of a lockstep round cannot see its
     peers' last step, so its taken is at most (steps - 1) x prompts)."""
-    from swarm_node.rollouts import peer_group_cap
+    from swarm_node.node.peer_rollouts import peer_group_cap
 
     path = run_dir / "budget.json"
     nan = {"peer_groups_offered": math.nan, "peer_groups_taken": math.nan, "peer_cap_bound_steps": math.nan}
@@ -161,7 +161,7 @@ def run_machines(out: Path, spec: Any) -> list[dict[str, Any]]:
 
 
 def machine_lines(machines: list[dict[str, Any]]) -> list[str]:
-    """The summary's line on which machines made the runs (see swarm_node.machine)."""
+    """The summary's line on which machines made the runs (see swarm_node.util.machine)."""
     if not machines:
         return []
     if len(machines) == 1:

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from swarm_node.atomic import atomic_write_text
+from swarm_node.util.atomic import atomic_write_text
 from swarm_node.config import NodeConfig
-from swarm_node.toml_text import to_toml, toml_value
+from swarm_node.config.toml_text import to_toml, toml_value
 from swarm_node.experiment.lockstep import eval_steps
 
 PER_PROCESS = ("node_dir",)  # `swarm-node local` fills these in itself
@@ -68,7 +68,7 @@ def run_swarm(configs: list[tuple[str, NodeConfig]], *, steps: int, evaluate: Ca
     path = run_dir / "local.toml"
     atomic_write_text(path, local_file(configs, eval_every, steps))
     swarm_dir = run_dir / "swarm"
-    cmd = [sys.executable, "-m", "swarm_node.cli", "local", "--nodes", str(len(configs)), "--steps", str(steps),
+    cmd = [sys.executable, "-m", "swarm_node", "local", "--nodes", str(len(configs)), "--steps", str(steps),
            "--config", str(path), "--run-dir", str(swarm_dir)]
     with open(run_dir / "local.log", "ab") as out:
         rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode

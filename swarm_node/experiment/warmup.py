@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from swarm_node.atomic import ensure_dir
+from swarm_node.util.atomic import ensure_dir
 from swarm_node.policy import tiny
 from swarm_node.tasks.arithmetic import arithmetic_problem
 from swarm_node.tasks.base import Problem

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from swarm_node.lifecycle import stop_processes
+from swarm_node.util.lifecycle import stop_processes
 
 # Shared-library names of tcmalloc (Debian/Ubuntu: libtcmalloc-minimal4; Fedora: gperftools-libs),
 # looked for in LIB_DIRS in this order.

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from swarm_node.atomic import atomic_replace_dir, atomic_write_text
+from swarm_node.util.atomic import atomic_replace_dir, atomic_write_text
 from swarm_node.config import ModelConfig, NodeConfig
-from swarm_node.errors import InputError, RuntimeFailure
+from swarm_node.util.errors import InputError, RuntimeFailure
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Greedy decoding with a Hugging Face causal LM, in batches: the `hf` backend's `greedy`
-(`HFGenerator.greedy`), which held-out evaluation calls (`swarm_node.evaluate`).
+(`HFGenerator.greedy`), which held-out evaluation calls (`swarm_node.evaluation.evaluate`).
 
 A batch is left-padded; prompts of one task share a long prefix (chat template, instruction, worked
 example), and with `share_prefix` its keys and values are computed once and repeated over the
@@ -20,6 +20,7 @@ import torch
 
 from swarm_node.policy.types import GreedyCompletion
 
+ROUND_BATCHES = 8  # batches per greedy generator call in evaluation: the progress bar's unit (vLLM schedules a call's prompts together)
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward pass
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from swarm_node.atomic import ensure_dir
+from swarm_node.util.atomic import ensure_dir
 from swarm_node.config import LoraConfig, ModelConfig
 from swarm_node.policy import tiny
 from swarm_node.policy.precision import resolve_compute_dtype, resolve_param_dtype
@@ -200,7 +200,7 @@ def _hub_or_local(cfg: ModelConfig) -> tuple[Path, str, str | None]:
         local = snapshot_download(cfg.name, revision=cfg.revision,
                                   allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
     except Exception as e:  # noqa: BLE001  (hub client errors: not found, gated, offline, no cache)
-        from swarm_node.errors import InputError
+        from swarm_node.util.errors import InputError
 
         reason = " ".join(str(e).split()).split(". ")[0][:160]
         raise InputError(
@@ -208,7 +208,7 @@ def _hub_or_local(cfg: ModelConfig) -> tuple[Path, str, str | None]:
             f"({type(e).__name__}: {reason})",
             "check the id (owner/name) and the network, or pass a local model directory or smollm2-135m") from e
     if not (Path(local) / "config.json").is_file():
-        from swarm_node.errors import InputError
+        from swarm_node.util.errors import InputError
 
         raise InputError(f"hub repository {cfg.name!r} has no config.json: not a transformers model",
                          "pass a causal language model id, e.g. Qwen/Qwen2.5-0.5B-Instruct")

@@ -13,7 +13,7 @@ fingerprints), so tests can pair nodes with matching and non-matching tokenizers
     c: a byte-level BPE *trained* (in ~0.1 s, deterministically) on generated arithmetic text:
        specials (ids 0-2), the 256 bytes, then learnt merges such as "Ġ345", "Ġanswer"
        (TRAINED_VOCAB_SIZE tokens): token boundaries unlike a, b or SmolLM2's, for cross-tokenizer
-       tests (`swarm_node.crosstok`)
+       tests (`swarm_node.method.crosstok`)
 
 Both have a ChatML-like chat template and `<|im_end|>` as the eos token. Head dim is 32 (vLLM
 needs >= 32), so hidden must be a multiple of 32. Random init gives a near-uniform next-token

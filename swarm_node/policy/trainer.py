@@ -9,7 +9,7 @@
      micro-batch, so the scorer runs that prompt once; several with `train.pack_prompts`) with gradient
      (`scoring.token_logprobs`), calls `objective.objective_loss`, backpropagates, and after the
      last micro-batch clips the gradient norm and takes one AdamW step. Samples generated with
-     another tokenizer carry `chunk_ids` (`swarm_node.crosstok`); a micro-batch holding one passes
+     another tokenizer carry `chunk_ids` (`swarm_node.method.crosstok`); a micro-batch holding one passes
      every row's chunk ids to the objective (positions for the others), which then takes the
      ratios against pi_gen per chunk.
      `step_start_logprobs` (pi_theta_old, read by the KL filter, the importance weight and the PPO
@@ -61,7 +61,7 @@ from torch import Tensor
 
 from swarm_node import metric_names as m
 from swarm_node.config import ObjectiveConfig, TrainConfig
-from swarm_node.objective import ObjectiveInputs, ObjectiveStats, objective_loss
+from swarm_node.method.objective import ObjectiveInputs, ObjectiveStats, objective_loss
 from swarm_node.policy.models import Policy
 from swarm_node.policy.scoring import padded_batch, token_logprobs
 from swarm_node.policy.trainer_batch import (

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from swarm_node import metric_names as m
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveStats, carries_gradient, group_advantages, sample_weights, unscored_stats
+from swarm_node.method.objective import ObjectiveStats, carries_gradient, group_advantages, sample_weights, unscored_stats
 from swarm_node.policy.scoring import pad_right
 from swarm_node.policy.types import SampleStat, TrainSample
 

@@ -40,7 +40,7 @@ class TrainSample:
     record_id:          peer samples: the id of the wire group they came from (rollouts.group_record_id)
     chunk_ids:          int64 [T] or None: for a sample generated with another tokenizer, the chunk
                         of aligned text each own token belongs to (nondecreasing from 0,
-                        `swarm_node.crosstok`); None when the generator's tokens are these tokens
+                        `swarm_node.method.crosstok`); None when the generator's tokens are these tokens
     """
 
     group_key: str
@@ -61,7 +61,7 @@ class SampleStat(NamedTuple):
     kl and is_weight are None for a sample that was not scored (no tokens); crosstok: the sample
     came from another tokenizer (re-tokenized, trained per chunk); filtered_advantage / filtered_kl:
     the filter dropped it and it met the advantage condition (A <= 0) / the KL condition (KL > g),
-    possibly both (what a receipt tells its sender, `swarm_node.receipts`)."""
+    possibly both (what a receipt tells its sender, `swarm_node.peers.receipts`)."""
 
     peer: str
     reward: float

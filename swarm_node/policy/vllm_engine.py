@@ -65,7 +65,7 @@ class EngineLimits:
 def node_demand(cfg: NodeConfig) -> EngineDemand:
     """A node's demand: one step's own groups (prompts_per_step x G; a horizontal arm's config already
     holds its shares), and its held-out evaluation's calls and completion cap when it evaluates."""
-    from swarm_node.evaluate import ROUND_BATCHES
+    from swarm_node.policy.greedy import ROUND_BATCHES
 
     sequences = cfg.train.prompts_per_step * cfg.generation.group_size
     new_tokens = cfg.generation.max_new_tokens

@@ -34,7 +34,7 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   completions are no evidence: honest peers give the same short answer all the time.
 * **Token budget**: peer tokens accepted per gather are capped (`over_token_budget`), so the scoring
   work per step has a fixed bound.
-* **Logprob spot-checks** (`swarm_node/spotcheck.py`, applied in `rollouts.peer_samples` after these
+* **Logprob spot-checks** (`swarm_node/peers/spotcheck.py`, applied in `rollouts.peer_samples` after these
   rules): a group declares the exact weights that generated it (model id, revision with "+trained"
   once they moved, LoRA adapter digest); when this node holds them (a `swarm.spot_check.reference_models`
   entry, or its own model while untrained) it recomputes K random logprobs at the group's declared

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from hivemind.utils.crypto import RSAPublicKey
 
-from swarm_node.atomic import atomic_write_bytes
-from swarm_node.errors import InputError
+from swarm_node.util.atomic import atomic_write_bytes
+from swarm_node.util.errors import InputError
 from swarm_node.swarm.identity import NodeIdentity
 
 

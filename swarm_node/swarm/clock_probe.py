@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from protocol.validate import ValidationLimits
-from swarm_node import clock
+from swarm_node.swarm import clock
 from swarm_node.swarm.statuses import read_statuses
 from swarm_node.swarm.transport import DropCounter, Transport
 

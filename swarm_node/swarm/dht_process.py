@@ -25,7 +25,7 @@ import hivemind
 from hivemind.p2p import P2PDaemonError, PeerID
 from hivemind.utils.multiaddr import Multiaddr
 
-from swarm_node.lifecycle import daemons_die_with_this_process
+from swarm_node.util.lifecycle import daemons_die_with_this_process
 from swarm_node.swarm import patches
 from swarm_node.swarm.addresses import check_initial_peers
 from swarm_node.swarm.transport import SwarmConnectError
@@ -184,11 +184,11 @@ def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
         except Exception as e:  # hivemind's ValidationError: an initial peer's clock (or reachability)
             dht.shutdown()
             if "local time must be within" in str(e):
-                from swarm_node.clock import bootstrap_refusal
+                from swarm_node.swarm.clock import bootstrap_refusal
 
                 raise bootstrap_refusal(str(e), kwargs.get("initial_peers") or []) from e
             if "can't access this node" in str(e):
-                from swarm_node.errors import RuntimeFailure
+                from swarm_node.util.errors import RuntimeFailure
 
                 raise RuntimeFailure(
                     f"the initial peers cannot dial back to this node (behind NAT or a firewall): {e}",

@@ -23,8 +23,8 @@ from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 
-from swarm_node.atomic import atomic_write_bytes
-from swarm_node.errors import InputError
+from swarm_node.util.atomic import atomic_write_bytes
+from swarm_node.util.errors import InputError
 
 IDENTITY_FILENAME = "identity.key"
 KEY_FILE_MODE = 0o600

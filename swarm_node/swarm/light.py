@@ -32,7 +32,7 @@ class LightObserver(Transport):
         from hivemind.dht.validation import CompositeValidator
         from hivemind.utils.crypto import RSAPrivateKey
 
-        from swarm_node.lifecycle import daemons_die_with_this_process
+        from swarm_node.util.lifecycle import daemons_die_with_this_process
         from swarm_node.swarm.addresses import check_initial_peers
         from swarm_node.swarm.validators import CachedRSASignatureValidator, SwarmRecordValidator
 

@@ -46,7 +46,7 @@ def check_prompt_lengths(tokenizer: Any, problems: Sequence[Problem], set_id: st
     unsure = [p for p, bound in zip(problems, bounds, strict=True) if bound > max_prompt_tokens]
     longest, problem = longest_prompt(tokenizer, unsure, system_prompt, worked_example)
     if longest > max_prompt_tokens:
-        from swarm_node.errors import InputError
+        from swarm_node.util.errors import InputError
 
         assert problem is not None
         raise InputError(

@@ -10,7 +10,7 @@ known to be slow, and `PeerVerifier` bounds the rest:
 - a group in which one answer runs the verifier into its timeout is dropped whole
   (`verifier_timeout`): its other rewards would be relative to a reward we could not compute.
   When the call had its full bound (not one cut short by a nearly spent budget) the group is
-  `blamed`, so the caller can refuse the record for good (`swarm_node.rejects`);
+  `blamed`, so the caller can refuse the record for good (`swarm_node.peers.rejects`);
 - a group that finds the budget spent is dropped whole (`verify_budget`), never half-scored.
 
 Time is charged as measured, so the budget can be overrun by at most one call's bound; from then

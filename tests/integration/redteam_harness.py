@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from tests.integration.redteam_measure import InfluenceProbe, reward_check, worst_shares
 
 SWARM = "redteam"

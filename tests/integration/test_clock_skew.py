@@ -9,8 +9,8 @@ import time
 import pytest
 
 from protocol.messages import NodeStatus
-from swarm_node import clock
-from swarm_node.errors import describe
+from swarm_node.swarm import clock
+from swarm_node.util.errors import describe
 
 SWARM = "itest-clock"
 

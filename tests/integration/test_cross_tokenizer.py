@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarm_node.assemble import build_parts, start_transport
+from swarm_node.node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 SWARM = "itest-crosstok"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.dashboard import DashboardServer, SyntheticStatusSource
+from swarm_node.observe.dashboard import DashboardServer, SyntheticStatusSource
 
 pytestmark = pytest.mark.integration
 
@@ -138,8 +138,8 @@ def test_dashboard_draws_every_chart_and_lists_every_peer():
                     reason="needs Debian chromium + chromium-driver (apt-get install -y chromium chromium-driver)")
 def test_dashboard_shows_the_peer_ledger_of_a_local_node(tmp_path):
     pytest.importorskip("selenium", reason="needs selenium (pip install selenium)")
-    from swarm_node.dashboard import LedgerSource
-    from swarm_node.ledger import FILE_NAME, PeerLedger
+    from swarm_node.observe.dashboard import LedgerSource
+    from swarm_node.peers.ledger import FILE_NAME, PeerLedger
     from swarm_node.policy.types import SampleStat
 
     own, other = "a1" * 32, "c2" * 32  # tokenizer fingerprints: the second peer's is another one

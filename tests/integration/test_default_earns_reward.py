@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_node.assemble import build_parts
-from swarm_node.local import _node_config, plan_nodes
-from swarm_node.node import Node
+from swarm_node.node.assemble import build_parts
+from swarm_node.ops.local import _node_config, plan_nodes
+from swarm_node.node.loop import Node
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~1-2 min: two steps of the 135M model
 

@@ -27,7 +27,7 @@ STEPS, EVERY = 6, 2  # evaluations before step 1 and after steps 2, 4, 6
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "swarm_node.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "swarm_node", *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
 
@@ -83,7 +83,7 @@ def test_report_plots_the_trend_and_states_the_verdict(trained):
                     reason="needs Debian chromium + chromium-driver (apt-get install -y chromium chromium-driver)")
 def test_dashboard_draws_the_trend_of_the_node(trained):
     pytest.importorskip("selenium", reason="needs selenium (pip install selenium)")
-    from swarm_node.dashboard import DashboardServer, FakeStatusSource, HeldoutSource
+    from swarm_node.observe.dashboard import DashboardServer, FakeStatusSource, HeldoutSource
 
     with DashboardServer(FakeStatusSource(), host="127.0.0.1", port=0, poll_interval_s=0.2,
                          heldout_source=HeldoutSource([trained])) as dash:

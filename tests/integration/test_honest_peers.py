@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.assemble import start_transport
+from swarm_node.node.assemble import start_transport
 from swarm_node.config import SwarmConfig
 from tests.procs import jsonl_rows, start_join, tiny_toml, wait_until
 
@@ -50,7 +50,7 @@ def first_taking_step(node_dir: Path) -> int | None:
 
 
 def status_given(bootstrap: str, node_dir: Path) -> dict:
-    res = subprocess.run([sys.executable, "-m", "swarm_node.cli", "status", "--given", str(node_dir),
+    res = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--given", str(node_dir),
                           "--initial-peer", bootstrap, "--swarm-id", SWARM, "--json", "--timeout", "15"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stdout[-1000:] + res.stderr[-2000:]

@@ -25,7 +25,7 @@ def tiny_local(cache: Path) -> str:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "swarm_node.cli", *args]
+    return [sys.executable, "-m", "swarm_node", *args]
 
 
 def test_local_swarm_status_dashboard_and_report(tmp_path):

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.assemble import start_transport
+from swarm_node.node.assemble import start_transport
 from swarm_node.config import SwarmConfig
-from swarm_node.ledger import FILE_NAME as LEDGER_FILE
-from swarm_node.ledger import load_rows
+from swarm_node.peers.ledger import FILE_NAME as LEDGER_FILE
+from swarm_node.peers.ledger import load_rows
 from tests.procs import jsonl_rows, start_join, tiny_toml, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]

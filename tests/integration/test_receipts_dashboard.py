@@ -53,12 +53,12 @@ def _ledger_cells(url: str, peers: list[str], timeout_s: float = 60.0) -> tuple[
                     reason="needs Debian chromium + chromium-driver (apt-get install -y chromium chromium-driver)")
 def test_the_ledger_table_shows_what_each_peer_took_of_ours(tmp_path):
     pytest.importorskip("selenium", reason="needs selenium (pip install selenium)")
-    from swarm_node.dashboard import (
+    from swarm_node.observe.dashboard import (
         DashboardServer,
         LedgerSource,
         SyntheticStatusSource,
     )
-    from swarm_node.ledger import FILE_NAME, PeerLedger
+    from swarm_node.peers.ledger import FILE_NAME, PeerLedger
     from swarm_node.policy.types import SampleStat
 
     ledger = PeerLedger(tmp_path / "node" / FILE_NAME, own_peer=OWN)

@@ -15,9 +15,9 @@ import pytest
 
 from protocol import codec, keys
 from protocol.messages import NodeStatus, Receipt
-from swarm_node.assemble import build_parts, start_transport
+from swarm_node.node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from tests.fakes import hash_reward
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -37,7 +37,7 @@ def node_config(tmp: Path, name: str, model: str, bootstrap: list[str]) -> NodeC
 
 
 def status_given(bootstrap: str, target: str) -> dict:
-    res = subprocess.run([sys.executable, "-m", "swarm_node.cli", "status", "--given", target, "--initial-peer",
+    res = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--given", target, "--initial-peer",
                           bootstrap, "--swarm-id", SWARM, "--json", "--timeout", "15"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert res.returncode == 0, res.stdout[-1000:] + res.stderr[-2000:]

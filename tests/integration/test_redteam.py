@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.assemble import build_parts, start_transport
+from swarm_node.node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from tests.integration.redteam_harness import (
     MAX_TOKENS,
     PROMPTS,

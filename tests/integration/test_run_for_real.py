@@ -38,7 +38,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "swarm_node.cli", *args]
+    return [sys.executable, "-m", "swarm_node", *args]
 
 
 def env() -> dict[str, str]:

@@ -121,7 +121,7 @@ def alive(pid: int) -> bool:
 def run_bootstrap(node_dir: Path, port: int, metrics_port: int, log: Path) -> subprocess.Popen:
     with open(log, "ab") as f:
         return subprocess.Popen(
-            [sys.executable, "-m", "swarm_node.cli", "bootstrap", "--node-dir", str(node_dir), "--swarm-id", SWARM,
+            [sys.executable, "-m", "swarm_node", "bootstrap", "--node-dir", str(node_dir), "--swarm-id", SWARM,
              "--host-maddr", f"/ip4/127.0.0.1/tcp/{port}", "--metrics-addr", f"127.0.0.1:{metrics_port}"],
             stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
@@ -150,7 +150,7 @@ def test_bootstrap_kill9_leaves_nothing_and_restarts_as_same_peer_and_status_lea
         scratch = tmp_path / "tmp"
         scratch.mkdir()
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "swarm_node.cli", "status", "--json", "--swarm-id", SWARM,
+        out = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--json", "--swarm-id", SWARM,
                               "-p", addrs[0]], capture_output=True, text=True, timeout=120,
                              env={**os.environ, "TMPDIR": str(scratch)})
         print(f"status took {time.monotonic() - t0:.1f}s")

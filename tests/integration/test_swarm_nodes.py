@@ -18,9 +18,9 @@ import torch
 
 from protocol import codec, keys
 from protocol.messages import Completion, IndexEntry, RolloutGroup, RolloutIndex
-from swarm_node.assemble import build_parts, start_transport
+from swarm_node.node.assemble import build_parts, start_transport
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from protocol.binding import select_prompts
 from tests.fakes import hash_reward
 from tests.unit.test_send_text import speak_unicode

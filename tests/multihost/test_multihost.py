@@ -67,7 +67,7 @@ class Swarm:
 
     def spawn(self, name: str, args: list[str], host: str | None = None) -> subprocess.Popen:
         """Run `swarm-node ARGS` (or a script path as args[0]) in `host`'s namespace (default `name`)."""
-        cmd = args if args[0].endswith(".py") else ["-m", "swarm_node.cli", *args]
+        cmd = args if args[0].endswith(".py") else ["-m", "swarm_node", *args]
         with open(self.log(name), "ab") as f:
             p = subprocess.Popen([*self.topo.exec_args(host or name), sys.executable, *cmd],
                                  stdout=f, stderr=subprocess.STDOUT, env=self.env)
@@ -220,7 +220,7 @@ def test_hosts_nat_partition_bootstrap_loss_and_late_join(topo: Topology, tmp_pa
 
         # `status` from another host: one short-lived client, nothing left in its temp directory.
         t_status = time.monotonic()
-        out = subprocess.run([*topo.exec_args("late"), sys.executable, "-m", "swarm_node.cli", "status", "--json",
+        out = subprocess.run([*topo.exec_args("late"), sys.executable, "-m", "swarm_node", "status", "--json",
                               "--swarm-id", SWARM, "-p", swarm.join_addrs("a")[0]],
                              capture_output=True, text=True, env=swarm.env, timeout=120)
         numbers["status_s"] = time.monotonic() - t_status
@@ -272,7 +272,7 @@ def _doctor(swarm: Swarm, host: str, tmp: Path, peer: str, *sets: str) -> tuple[
     args = ["doctor", "--json", "--node-dir", str(tmp / f"doctor-{host}"), "-p", peer, "--timeout", "30",
             "-s", f'swarm.swarm_id="{SWARM}"', "-s", 'model.name="tiny-random:64x1:a"',
             "-s", f'model.cache_dir="{tmp / "cache"}"', *[a for s in sets for a in ("-s", s)]]
-    out = subprocess.run([*swarm.topo.exec_args(host), sys.executable, "-m", "swarm_node.cli", *args],
+    out = subprocess.run([*swarm.topo.exec_args(host), sys.executable, "-m", "swarm_node", *args],
                          capture_output=True, text=True, env=swarm.env, timeout=300)
     try:
         result = json.loads(out.stdout)

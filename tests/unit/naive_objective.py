@@ -1,7 +1,7 @@
 """A deliberately naive reference for the F-TIS loss family, written from docs/method.md.
 
 Python loops over samples and tokens, python floats (float64), the gradient derived by hand from
-the equation. It shares nothing with swarm_node/objective.py, so agreement between the two is
+the equation. It shares nothing with swarm_node/method/objective.py, so agreement between the two is
 evidence that both implement the equation:
 
     J = 1/G sum_i 1/|a_i| sum_t  iw_i,t * min(R_i,t * A'_i, clip(R_i,t, 1-eps, 1+eps) * A'_i)

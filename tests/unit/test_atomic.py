@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.atomic import atomic_replace_dir, atomic_write_text, atomic_write_with, ensure_dir, file_lock
+from swarm_node.util.atomic import atomic_replace_dir, atomic_write_text, atomic_write_with, ensure_dir, file_lock
 
 
 def test_atomic_write_leaves_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_ensure_dir_without_wait_gives_none_while_another_builds(tmp_path: Path)
 def test_file_lock_is_exclusive_across_processes_and_freed_when_the_holder_dies(tmp_path: Path) -> None:
     lock = tmp_path / "seed0.lock"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom swarm_node.atomic import file_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom swarm_node.util.atomic import file_lock\n"
          "with file_lock(__import__('pathlib').Path(sys.argv[1])):\n    print('held', flush=True)\n"
          "    time.sleep(60)\n", str(lock)],
         stdout=subprocess.PIPE, text=True)

@@ -64,7 +64,7 @@ def test_config_errors_name_the_field_and_file(capsys, tmp_path):
 
 
 def test_local_nodes_option_beats_the_file(tmp_path):
-    from swarm_node.local import plan_nodes
+    from swarm_node.ops.local import plan_nodes
 
     path = tmp_path / "l.toml"
     path.write_text('nodes = 2\n[[node]]\nname = "a"\nset = []\n[[node]]\nname = "b"\nset = []\n')
@@ -176,7 +176,7 @@ def test_eval_checkpoint_problems(capsys, tmp_path):
 
 
 def test_interrupt_before_the_work_starts_exits_130(capsys, tmp_path, monkeypatch):
-    import swarm_node.assemble as assemble
+    import swarm_node.node.assemble as assemble
 
     def interrupted(_cfg):
         os.kill(os.getpid(), signal.SIGINT)  # raised as lifecycle.Interrupted at once

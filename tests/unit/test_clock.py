@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from protocol.messages import NodeStatus
-from swarm_node import clock
-from swarm_node.errors import describe
+from swarm_node.swarm import clock
+from swarm_node.util.errors import describe
 from swarm_node.swarm.clock_probe import check_join_clock, measure
 from swarm_node.swarm.exchange import RolloutExchange
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport

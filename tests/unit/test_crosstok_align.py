@@ -1,4 +1,4 @@
-"""Chunk alignment of two tokenizations (swarm_node.crosstok) against a plain-Python reference, on
+"""Chunk alignment of two tokenizations (swarm_node.method.crosstok) against a plain-Python reference, on
 random text tokenized by real, different tokenizers; the zero-byte (EOS) rule; chunk logprobs."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swarm_node.crosstok import AlignmentError, align, chunk_logprobs, last_token_shares
-from swarm_node.crosstok_receive import own_piece_bytes
+from swarm_node.method.crosstok import AlignmentError, align, chunk_logprobs, last_token_shares
+from swarm_node.peers.crosstok_receive import own_piece_bytes
 from swarm_node.policy import tiny
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
+from swarm_node.method.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
 from tests.unit.naive_objective import random_batch
 from tests.unit.test_objective_reference import KL_THRESHOLD, VARIANT_FILTERS
 

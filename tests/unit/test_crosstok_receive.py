@@ -1,4 +1,4 @@
-"""Receiving a foreign completion (swarm_node.crosstok_receive): own tokens, chunks and per-chunk
+"""Receiving a foreign completion (swarm_node.peers.crosstok_receive): own tokens, chunks and per-chunk
 generator logprobs; round-trip and byte checks drop with counted reasons; the trained tiny tokenizer."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from swarm_node.crosstok import chunk_logprobs
-from swarm_node.crosstok_receive import (
+from swarm_node.method.crosstok import chunk_logprobs
+from swarm_node.peers.crosstok_receive import (
     DROP_NO_TEXT,
     DROP_PIECE_BYTES,
     DROP_TEXT_ROUNDTRIP,
@@ -80,7 +80,7 @@ def test_foreign_completion_in_own_tokens(tok, sender: str, receiver: str) -> No
     assert view.n_chunks < max(len(ids), len(view.completion_ids))  # some chunks hold several tokens
     # the generator's chunk logprobs: sums of the sender's token logprobs over aligned byte spans
     per_chunk = chunk_logprobs(view.generator_logprobs, view.chunk_ids, view.n_chunks)
-    from swarm_node.crosstok import align
+    from swarm_node.method.crosstok import align
 
     alignment = align(sent.piece_bytes, own_piece_bytes(own, view.completion_ids[:-1].tolist(), TEXT).tolist() + [0])
     expected = chunk_logprobs(sent.logprobs, alignment.chunks_a, alignment.n_chunks)

@@ -1,4 +1,4 @@
-"""A node takes a peer group from another tokenizer when it carries its texts (rollouts.peer_samples):
+"""A node takes a peer group from another tokenizer when it carries its texts (peer_rollouts.peer_samples):
 samples in this node's tokens with chunk ids, rewards from the texts; drops counted by reason."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
-from swarm_node import rollouts
-from swarm_node.crosstok_receive import DROP_TEXT_ROUNDTRIP, own_piece_bytes
+from swarm_node.node import peer_rollouts
+from swarm_node.peers.crosstok_receive import DROP_TEXT_ROUNDTRIP, own_piece_bytes
 from swarm_node.policy import tiny
-from swarm_node.parts import NodeParts
+from swarm_node.node.parts import NodeParts
 from swarm_node.policy.models import tokenizer_fingerprint
 from swarm_node.swarm.admission import Admission
 from swarm_node.swarm.exchange import RolloutExchange
@@ -58,7 +58,7 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> NodeParts:
 
 def test_foreign_group_with_texts_becomes_chunked_samples(parts: NodeParts) -> None:
     drops: Counter[str] = Counter()
-    batch = rollouts.peer_samples(parts, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
+    batch = peer_rollouts.peer_samples(parts, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
     assert not drops and batch.groups == 1 and len(batch.samples) == 4
     tok = parts.policy.tokenizer
     for s, text in zip(batch.samples, TEXTS, strict=True):
@@ -73,13 +73,13 @@ def test_unusable_foreign_groups_are_dropped_by_reason(parts: NodeParts) -> None
     broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]  # text and pieces disagree
     plain = [Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason="stop", claimed_reward=0.0)
              for c in (completion(t) for t in TEXTS[:2])]  # a sender that sends no texts
-    batch = rollouts.peer_samples(parts, [group(parts, broken), group(parts, plain)], 4, drops, step=0)
-    assert batch.samples == [] and drops == Counter({"piece_bytes": 1, rollouts.DROP_TOKENIZER: 1})
+    batch = peer_rollouts.peer_samples(parts, [group(parts, broken), group(parts, plain)], 4, drops, step=0)
+    assert batch.samples == [] and drops == Counter({"piece_bytes": 1, peer_rollouts.DROP_TOKENIZER: 1})
     text = "x<|im_end|>y"  # a special token spelled out (by a sender without it) is no text of this node's
     n = len(text) + 1
     roundtrip = TextCompletion(np.arange(n, dtype=np.uint32), np.full(n, -1.0, np.float32), "stop", 0.0, text,
                                np.append(np.ones(n - 1), 0).astype(np.uint16))
-    rollouts.peer_samples(parts, [group(parts, [roundtrip])], 4, drops, step=0)
+    peer_rollouts.peer_samples(parts, [group(parts, [roundtrip])], 4, drops, step=0)
     assert drops[DROP_TEXT_ROUNDTRIP] == 1
 
 
@@ -95,8 +95,8 @@ def test_cross_tokenizer_switch_off_drops_foreign_groups(parts: NodeParts) -> No
     off = dataclasses.replace(parts, config=cfg.model_copy(update={
         "swarm": cfg.swarm.model_copy(update={"cross_tokenizer": False})}))
     drops: Counter[str] = Counter()
-    batch = rollouts.peer_samples(off, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
-    assert batch.samples == [] and drops == Counter({rollouts.DROP_TOKENIZER: 1})
+    batch = peer_rollouts.peer_samples(off, [group(parts, [completion(t) for t in TEXTS])], 4, drops, step=0)
+    assert batch.samples == [] and drops == Counter({peer_rollouts.DROP_TOKENIZER: 1})
 
 
 def coarse(text: str) -> Completion:
@@ -119,29 +119,29 @@ def test_conversion_counts_in_the_peer_budgets(parts: NodeParts) -> None:
     admission.charge_tokens = lambda n: charged.append(n) or original(n)  # type: ignore[method-assign]
     tight = with_admission(parts, admission)
     drops: Counter[str] = Counter()
-    batch = rollouts.peer_samples(tight, [g], 4, drops, step=0)
+    batch = peer_rollouts.peer_samples(tight, [g], 4, drops, step=0)
     assert batch.samples == [] and drops == Counter({OVER_TOKEN_BUDGET: 1})
     assert charged == [batch.crosstok_tokens - g.num_tokens] and charged[0] > 10
     roomy = Admission(max_tokens_per_gather=10_000)
     roomy.begin_gather()
     ok = with_admission(parts, roomy)
     drops = Counter()
-    assert len(rollouts.peer_samples(ok, [g], 4, drops, step=0).samples) == 4 and not drops
-    spent = rollouts.peer_verifier(parts)
+    assert len(peer_rollouts.peer_samples(ok, [g], 4, drops, step=0).samples) == 4 and not drops
+    spent = peer_rollouts.peer_verifier(parts)
     spent.spent = spent.step_budget_s  # this gather's verification time is used up
     drops = Counter()
-    assert rollouts.peer_samples(parts, [g], 4, drops, step=0, verifier=spent).samples == []
+    assert peer_rollouts.peer_samples(parts, [g], 4, drops, step=0, verifier=spent).samples == []
     assert drops == Counter({VERIFY_BUDGET: 1})
 
 
 def test_the_ledger_records_each_senders_tokenizer_and_conversion_drops(parts: NodeParts) -> None:
-    from swarm_node.ledger import PeerLedger
+    from swarm_node.peers.ledger import PeerLedger
 
     ledger = PeerLedger(None, own_tokenizer=parts.policy.fingerprint)
     with_ledger = dataclasses.replace(parts, ledger=ledger)
     broken = [completion(TEXTS[0]), completion(TEXTS[1], pieces_ok=False)]
     drops: Counter[str] = Counter()
-    rollouts.peer_samples(with_ledger, [group(parts, [completion(t) for t in TEXTS]), group(parts, broken)], 4,
+    peer_rollouts.peer_samples(with_ledger, [group(parts, [completion(t) for t in TEXTS]), group(parts, broken)], 4,
                           drops, step=0)
     (row,) = ledger.rows()
     assert row["peer_id"] == "peer-a" and row["tokenizer"] == tokenizer_fingerprint(SENDER)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from swarm_node.config import ModelConfig, ObjectiveConfig, TrainConfig
-from swarm_node.crosstok_receive import own_piece_bytes, receive_group, train_samples
+from swarm_node.peers.crosstok_receive import own_piece_bytes, receive_group, train_samples
 from swarm_node.policy.models import Policy, load_policy
 from swarm_node.policy.scoring import token_logprobs
 from swarm_node.policy.trainer import Trainer

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from swarm_node import metric_names as m
-from swarm_node.dashboard import DashboardServer, FakeStatusSource, Status, SwarmHistory, SyntheticStatusSource
+from swarm_node.observe.dashboard import DashboardServer, FakeStatusSource, Status, SwarmHistory, SyntheticStatusSource
 
 
 def _get(url: str):

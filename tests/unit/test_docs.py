@@ -83,7 +83,7 @@ def headings(path: Path) -> list[str]:
 def test_slug_follows_github():
     assert slug("The sandbox with power, long budget") == "the-sandbox-with-power-long-budget"
     assert slug("The paper's claims, and how the project tests them") == "the-papers-claims-and-how-the-project-tests-them"
-    assert slug("`swarm_node/objective.py` (pure)") == "swarm_nodeobjectivepy-pure"
+    assert slug("`swarm_node/method/objective.py` (pure)") == "swarm_nodemethodobjectivepy-pure"
 
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -8,7 +8,9 @@ import socket
 import pytest
 
 from protocol.messages import NodeStatus
-from swarm_node import doctor, doctor_checks as dc, doctor_swarm as ds
+from swarm_node.ops import doctor
+from swarm_node.ops.doctor import checks as dc
+from swarm_node.ops.doctor import swarm as ds
 from swarm_node.config import NodeConfig
 from swarm_node.swarm.exchange import RolloutExchange
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
@@ -92,7 +94,7 @@ def test_round_trip(tmp_path):
 
 
 def test_memory_shows_the_plan_by_part_and_what_fits(tmp_path, monkeypatch):
-    from swarm_node import memory_budget as mb
+    from swarm_node.node import memory_budget as mb
 
     gib = 1 << 30
     monkeypatch.setattr(mb, "machine_budget", lambda device: mb.Budget("cpu", 64 * gib, 64 * gib, "RAM"))

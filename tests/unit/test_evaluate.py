@@ -14,7 +14,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from swarm_node.config import GenerationConfig
-from swarm_node.evaluate import ROUND_BATCHES, evaluate
+from swarm_node.evaluation.evaluate import evaluate
+from swarm_node.policy.greedy import ROUND_BATCHES
 from swarm_node.policy.generation import HFGenerator
 from swarm_node.policy.greedy import (
     MIN_SHARED_PREFIX,

@@ -52,7 +52,7 @@ def test_paper_replication_nodes():
 
 def local_node_configs(path: Path) -> dict[str, NodeConfig]:
     """Resolve the local swarm file with the loader `swarm-node local` uses."""
-    from swarm_node.local import _node_config, plan_nodes
+    from swarm_node.ops.local import _node_config, plan_nodes
 
     shared, per_node = plan_nodes(2, path)
     for node in per_node:
@@ -69,7 +69,7 @@ def test_local_cpu_swarm_file():
     assert all(c.model.name == "smollm2-135m" and c.task.name == "arithmetic" for c in cfgs.values())
     assert cfgs["lora"].train.learning_rate > cfgs["full"].train.learning_rate
     # the file writes out the command's defaults: resolving it changes nothing
-    from swarm_node.local import DEFAULT_NODES, _node_config, plan_nodes
+    from swarm_node.ops.local import DEFAULT_NODES, _node_config, plan_nodes
 
     shared, per_node = plan_nodes(2, None)
     assert per_node == DEFAULT_NODES

@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-from swarm_node.atomic import file_lock
+from swarm_node.util.atomic import file_lock
 from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
 from swarm_node.experiment.spec import ExperimentSpec, node_config
 from swarm_node.experiment.swarm_mode import local_file
-from swarm_node.machine import fingerprint
+from swarm_node.util.machine import fingerprint
 from swarm_node.swarm.memory import MemorySwarm
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -172,7 +172,7 @@ def test_two_workers_share_one_grid_each_run_made_once(spec, tmp_path):
     run and each warm model are made once (without the claims, each process would make every run, or
     remove the other's unfinished run and fail), and the parent writes the whole grid's summary."""
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "swarm_node.cli", "experiment", str(tmp_path / "exp.toml"), "--out", str(out),
+    cmd = [sys.executable, "-m", "swarm_node", "experiment", str(tmp_path / "exp.toml"), "--out", str(out),
            "--workers", "2", "--allocator", "system"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -215,7 +215,7 @@ def test_peer_lag_holds_writes_back(tmp_path):
 def test_swarm_mode_file_reproduces_each_node_config(spec, tmp_path):
     import tomllib
 
-    from swarm_node.local import _node_config, plan_nodes
+    from swarm_node.ops.local import _node_config, plan_nodes
 
     configs = [(n.name, node_config(spec, n, spec.arms[1], 3, i, tmp_path / n.name, n.model or "tiny-random:32x1"))
                for i, n in enumerate(spec.nodes)]

@@ -87,7 +87,7 @@ def test_skill_of_and_per_skill_accuracy_on_known_input():
 
 
 def test_evaluator_row_holds_overall_per_skill_and_ood(monkeypatch, tmp_path):
-    import swarm_node.evaluate as ev
+    import swarm_node.evaluation.evaluate as ev
 
     right = {HELD[0].question, HELD[1].question, HELD[2].question, OOD[1].question}
 
@@ -149,7 +149,7 @@ def test_isolated_2x_has_twice_the_own_prompts(tmp_path):
 
 
 def test_power_file_is_fixed_before_the_grid():
-    from swarm_node.rollouts import peer_group_cap
+    from swarm_node.node.peer_rollouts import peer_group_cap
 
     spec = ExperimentSpec.load(POWER)
     assert len(spec.experiment.seeds) >= 8 and spec.eval.problems >= 1024 and spec.eval.ood_task["levels"] == [2]

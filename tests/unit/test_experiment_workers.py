@@ -62,7 +62,7 @@ def test_a_bad_allocator_is_one_line_and_exit_2(tmp_path):
 
     path = tmp_path / "exp.toml"
     path.write_text(SPEC.format(cache=tmp_path / "cache"))
-    proc = subprocess.run([sys.executable, "-m", "swarm_node.cli", "experiment", str(path), "--out", str(tmp_path / "o"),
+    proc = subprocess.run([sys.executable, "-m", "swarm_node", "experiment", str(path), "--out", str(tmp_path / "o"),
                            "--workers", "2", "--allocator", str(tmp_path / "missing.so")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
@@ -75,7 +75,7 @@ def test_a_bad_allocator_is_one_line_and_exit_2(tmp_path):
 def test_the_parent_watch_is_not_inherited_by_a_workers_own_children(monkeypatch):
     """A worker watches the `--workers` parent (SWARM_NODE_PARENT_PID); the `swarm-node local` it
     starts in swarm mode must not inherit that pid, or it would find itself orphaned and stop."""
-    from swarm_node.lifecycle import PARENT_ENV, watch_parent_from_env
+    from swarm_node.util.lifecycle import PARENT_ENV, watch_parent_from_env
 
     monkeypatch.setenv(PARENT_ENV, str(os.getppid()))
     assert watch_parent_from_env() is not None  # a daemon thread, watching a parent that outlives the test

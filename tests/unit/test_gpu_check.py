@@ -21,7 +21,7 @@ def test_training_path_imports_no_network_code() -> None:
             "swarm_node.policy.trainer, swarm_node.policy.generation, swarm_node.policy.checkpoint, "
             "swarm_node.policy.memory, swarm_node.tasks, swarm_node.tasks.arithmetic; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('hivemind', 'vllm', "
-            "'prometheus_client') or m.startswith(('swarm_node.swarm', 'swarm_node.ledger'))))")
+            "'prometheus_client') or m.startswith(('swarm_node.swarm', 'swarm_node.peers.ledger'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from swarm_node.config import NodeConfig, TaskConfig
-from swarm_node.heldout_eval import before_after, read_evals
+from swarm_node.evaluation.heldout import before_after, read_evals
 from swarm_node.tasks.heldout import default_eval_task, disjoint_heldout
 from swarm_node.tasks.registry import load_prompt_set
 
@@ -68,7 +68,7 @@ class AnswerAll:
 def test_the_node_evaluates_through_its_generator(tmp_path):
     from tests.unit.test_evaluate import char_tokenizer
 
-    from swarm_node.heldout_eval import HeldoutEvaluator
+    from swarm_node.evaluation.heldout import HeldoutEvaluator
 
     tok = char_tokenizer()
     cfg = NodeConfig.load(None, [f"node_dir={json.dumps(str(tmp_path))}", "eval.problems=6", "eval.batch_size=4",
@@ -90,8 +90,8 @@ def test_the_node_evaluates_through_its_generator(tmp_path):
 def test_held_out_prompts_longer_than_the_cap_are_refused(tmp_path):
     from tests.unit.test_evaluate import char_tokenizer
 
-    from swarm_node.errors import InputError
-    from swarm_node.heldout_eval import HeldoutEvaluator
+    from swarm_node.util.errors import InputError
+    from swarm_node.evaluation.heldout import HeldoutEvaluator
 
     cfg = NodeConfig.load(None, [f"node_dir={json.dumps(str(tmp_path))}", "eval.problems=6",
                                  "generation.max_prompt_tokens=40"])  # chat template + question: more characters

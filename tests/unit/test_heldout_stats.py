@@ -1,4 +1,4 @@
-"""heldout_stats: Wilson's interval on published values, the exact McNemar test, Newcombe's interval,
+"""evaluation.stats: Wilson's interval on published values, the exact McNemar test, Newcombe's interval,
 and the verdict rule on before/after pairs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from swarm_node.heldout_stats import (
+from swarm_node.evaluation.stats import (
     IMPROVED,
     NO_CHANGE,
     PAIRED,

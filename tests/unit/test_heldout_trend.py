@@ -14,8 +14,8 @@ from rich.console import Console
 
 from swarm_node import metric_names as m
 from swarm_node.config import EVAL_EVERY_STEPS, NodeConfig
-from swarm_node.heldout_eval import due, eval_metrics, latest_metrics, read_evals
-from swarm_node.heldout_stats import IMPROVED, NO_CHANGE, PAIRED
+from swarm_node.evaluation.heldout import due, eval_metrics, latest_metrics, read_evals
+from swarm_node.evaluation.stats import IMPROVED, NO_CHANGE, PAIRED
 
 
 def test_schedule_every_n_steps_and_after_the_last():
@@ -32,7 +32,7 @@ def test_every_steps_config():
     assert NodeConfig.load(None, ["eval.problems=8", "eval.every_steps=0"]).eval.period == 0
     again = NodeConfig.model_validate(json.loads(cfg.model_dump_json()))  # a dumped config reads back the same
     assert again.eval == cfg.eval
-    from swarm_node.errors import describe
+    from swarm_node.util.errors import describe
 
     with pytest.raises(ValueError) as e:
         NodeConfig.load(None, ["eval.every_steps=5", "eval.problems=0"])
@@ -41,7 +41,7 @@ def test_every_steps_config():
 
 
 class RecordingEvaluator:
-    """Stands for heldout_eval.HeldoutEvaluator: records the steps it is called at, returns a row."""
+    """Stands for evaluation.heldout.HeldoutEvaluator: records the steps it is called at, returns a row."""
 
     def __init__(self) -> None:
         self.steps: list[int] = []
@@ -118,7 +118,7 @@ def _rows(tmp_path: Path) -> Path:
 
 
 def test_status_heldout_shows_each_evaluation_with_interval_and_verdict(tmp_path, capsys):
-    from swarm_node.heldout_view import node_trend, run_heldout_status
+    from swarm_node.observe.heldout_view import node_trend, run_heldout_status
 
     node_dir = _rows(tmp_path)
     points = node_trend(node_dir)
@@ -135,8 +135,8 @@ def test_status_heldout_shows_each_evaluation_with_interval_and_verdict(tmp_path
 
 
 def test_status_heldout_without_evaluations_is_one_line(tmp_path):
-    from swarm_node.errors import InputError
-    from swarm_node.heldout_view import node_trend
+    from swarm_node.util.errors import InputError
+    from swarm_node.observe.heldout_view import node_trend
 
     with pytest.raises(InputError, match="no held-out evaluation in .* yet"):
         node_trend(tmp_path)
@@ -146,7 +146,7 @@ def test_status_heldout_without_evaluations_is_one_line(tmp_path):
 
 def test_swarm_status_table_shows_the_latest_heldout_with_its_interval():
     from protocol.messages import NodeStatus
-    from swarm_node.observe import render_table, status_rows
+    from swarm_node.observe.observer import render_table, status_rows
 
     row = {"step": 20, "accuracy": 0.5, "n": 64, "correct": 32, "seconds": 3.0}
     st = NodeStatus(peer_id="peerA", role="trainer", model_id="smollm2-135m", step=21, timestamp=100.0,
@@ -164,8 +164,8 @@ def test_swarm_status_table_shows_the_latest_heldout_with_its_interval():
 
 
 def test_dashboard_keeps_one_point_per_evaluation_and_reads_local_trends(tmp_path):
-    from swarm_node.dashboard import HeldoutSource, SwarmHistory
-    from swarm_node.dashboard.sources import Status
+    from swarm_node.observe.dashboard import HeldoutSource, SwarmHistory
+    from swarm_node.observe.dashboard.sources import Status
 
     history = SwarmHistory()
     for step, eval_step in ((1, 0), (2, 0), (3, 2), (4, 2), (5, 4)):
@@ -180,7 +180,7 @@ def test_dashboard_keeps_one_point_per_evaluation_and_reads_local_trends(tmp_pat
 
 
 def test_dashboard_serves_the_heldout_api(tmp_path):
-    from swarm_node.dashboard import DashboardServer, FakeStatusSource, HeldoutSource
+    from swarm_node.observe.dashboard import DashboardServer, FakeStatusSource, HeldoutSource
 
     with DashboardServer(FakeStatusSource(), port=0, heldout_source=HeldoutSource([_rows(tmp_path)])) as dash:
         body = json.loads(urllib.request.urlopen(dash.url + "api/heldout", timeout=5).read())
@@ -188,7 +188,7 @@ def test_dashboard_serves_the_heldout_api(tmp_path):
 
 
 def test_prometheus_exports_the_latest_evaluation():
-    from swarm_node.prometheus import PrometheusExporter
+    from swarm_node.observe.prometheus import PrometheusExporter
 
     row = {"step": 20, "accuracy": 0.5, "n": 64, "correct": 32, "seconds": 3.0}
     with PrometheusExporter("127.0.0.1:0") as exp:
@@ -201,7 +201,7 @@ def test_prometheus_exports_the_latest_evaluation():
 
 
 def test_local_plain_lines_name_an_evaluation_in_the_step_it_followed():
-    from swarm_node.local_view import step_line
+    from swarm_node.observe.local_view import step_line
 
     row = {"step": 10, "accuracy": 0.5, "n": 64, "correct": 32, "seconds": 3.0}
     evaluated = {m.STEP: 10.0, m.REWARD_MEAN: 0.5, **eval_metrics(row)}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from protocol.validate import TOKENIZER_MISMATCH, ValidationLimits, validate_group
-from swarm_node.ledger import PeerLedger
+from swarm_node.peers.ledger import PeerLedger
 from swarm_node.policy.generation import GeneratedCompletion
 from swarm_node.policy.pieces import byte_level_alphabet, completion_text, faithful_prefix
 from swarm_node.policy.tiny import build_tiny_tokenizer

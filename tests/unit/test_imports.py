@@ -109,7 +109,7 @@ def test_the_reader_sees_lazy_relative_type_checking_and_private_uses(tmp_path: 
     TYPE_CHECKING import each give their edge; a cycle among them is found; a private name taken
     from another module, by import or off the module, is caught."""
     edges = graph(all_imports(), module_files())
-    assert "swarm_node.policy.trainer" in edges["swarm_node.assemble"]  # lazy, inside _build_parts
+    assert "swarm_node.policy.trainer" in edges["swarm_node.node.assemble"]  # lazy, inside _build_parts
     assert "swarm_node.tasks.prompts" in edges["swarm_node.tasks"]  # under TYPE_CHECKING
     assert "protocol.codec" in edges["protocol"]
     sources = {"swarm_node/__init__.py": "",
@@ -184,3 +184,68 @@ def test_protocol_imports_only_the_standard_library_msgpack_numpy_and_zstandard(
     found = [i for i in all_imports() if i.module.split(".")[0] == "protocol"]
     bad = [f"{i.module} line {i.line} imports {i.target}" for i in found if i.target.split(".")[0] not in allowed]
     assert found and not bad, "\n".join(bad)
+
+
+# The layers of the product, lowest first (docs/architecture.md, "The tree"): a module may import its
+# own package and any package of a lower layer, never one of its own layer or above. Leaves first.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("protocol", "swarm_node.metric_names", "swarm_node.util", "swarm_node.config"),
+    ("swarm_node.method", "swarm_node.tasks"),
+    ("swarm_node.policy", "swarm_node.swarm"),
+    ("swarm_node.evaluation", "swarm_node.peers"),
+    ("swarm_node.observe",),
+    ("swarm_node.node",),
+    ("swarm_node.experiment",),
+    ("swarm_node.ops",),
+)
+LEAF_ORDER = ("swarm_node.metric_names", "protocol", "swarm_node.util", "swarm_node.config")  # leaves, among themselves
+
+
+def unit_of(module: str) -> str | None:
+    """The layered unit a module belongs to (its package, or a top-level leaf module); None for the
+    top package's own `__init__`."""
+    for layer in LAYERS:
+        for unit in layer:
+            if module == unit or module.startswith(unit + "."):
+                return unit
+    return None
+
+
+def rank_of(unit: str) -> tuple[int, int]:
+    layer = next(i for i, names in enumerate(LAYERS) if unit in names)
+    return layer, (LEAF_ORDER.index(unit) if layer == 0 else 0)
+
+
+def layer_violations(edges: dict[str, dict[str, int]]) -> list[str]:
+    """Every import from a unit into one that is not strictly lower (or within its own unit)."""
+    out = []
+    for module, targets in sorted(edges.items()):
+        src = unit_of(module)
+        for target, line in sorted(targets.items()):
+            dst = unit_of(target)
+            if src is None or dst is None or src == dst:
+                continue
+            if rank_of(dst) >= rank_of(src) or (rank_of(dst)[0] == rank_of(src)[0] and rank_of(src)[0] > 0):
+                out.append(f"{module} (line {line}) imports {target}: {src} may not import {dst}")
+    return out
+
+
+def test_every_module_belongs_to_a_layer():
+    loose = [m for m in module_files() if m != "swarm_node" and unit_of(m) is None]
+    assert not loose, f"modules outside every layer (add them to LAYERS and docs/architecture.md): {loose}"
+
+
+def test_imports_run_down_the_layers():
+    """Lazy and TYPE_CHECKING imports included; a fake edge upward is caught."""
+    edges = graph(all_imports(), module_files())
+    bad = layer_violations(edges)
+    assert not bad, "imports that run up the layers:\n" + "\n".join(bad)
+    assert layer_violations({"swarm_node.policy.trainer": {"swarm_node.node.parts": 3}})
+    assert layer_violations({"swarm_node.peers.ledger": {"swarm_node.evaluation.stats": 3}})  # same layer
+    assert layer_violations({"swarm_node.util.jsonl": {"swarm_node.config": 3}})  # leaves in their order
+    assert not layer_violations({"swarm_node.node.loop": {"swarm_node.policy.types": 3}})
+
+
+def test_at_most_eight_modules_directly_in_swarm_node():
+    top = sorted(p.name for p in (ROOT / "swarm_node").glob("*.py"))
+    assert len(top) <= 8, f"modules directly in swarm_node/ (find them a package): {top}"

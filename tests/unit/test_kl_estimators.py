@@ -1,4 +1,4 @@
-"""The per-sample KL estimators (swarm_node.kl) against exact KLs of small categorical distributions.
+"""The per-sample KL estimators (swarm_node.method.kl) against exact KLs of small categorical distributions.
 
 Tokens are sampled from pi_gen, as a peer's are. k3_gen's mean matches KL(pi_gen || pi_theta); k3_theta's
 mean on the same samples matches neither KL but its own expectation E_gen[pi_gen/pi_theta] - 1 -
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from swarm_node.kl import per_sample_kl, token_kl
+from swarm_node.method.kl import per_sample_kl, token_kl
 
 P_GEN = [0.55, 0.30, 0.10, 0.05]  # a confident peer
 P_THETA = [0.15, 0.25, 0.35, 0.25]  # a node that disagrees with it

@@ -21,7 +21,7 @@ def test_status_path_imports_no_torch_and_completes_on_demand():
         "from swarm_node.swarm.light import LightObserver\n"
         "assert load_light_hivemind()\n"
         "import hivemind.dht.node, hivemind.dht.validation, swarm_node.swarm.validators\n"
-        "import swarm_node.swarm.exchange, swarm_node.observe, swarm_node.preflight\n"
+        "import swarm_node.swarm.exchange, swarm_node.observe.observer, swarm_node.node.preflight\n"
         "from swarm_node.swarm.addresses import check_initial_peers\n"
         "check_initial_peers(['/ip4/127.0.0.1/tcp/1/p2p/QmWBQABuk97WzFaMq9kNsBoeQv5bGiVGieMtsphxDi6cap'])\n"
         "print('torch' in sys.modules)\n"
@@ -33,7 +33,7 @@ def test_status_path_imports_no_torch_and_completes_on_demand():
 
 
 def test_status_against_no_swarm_is_one_line_without_torch():
-    out = subprocess.run([sys.executable, "-m", "swarm_node.cli", "status", "--timeout", "3", "-p",
+    out = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--timeout", "3", "-p",
                           "/ip4/127.0.0.1/tcp/1/p2p/QmWBQABuk97WzFaMq9kNsBoeQv5bGiVGieMtsphxDi6cap"],
                          capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",

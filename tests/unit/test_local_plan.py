@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_node.errors import ConfigError
-from swarm_node.local import _node_config, bootstrap_swarm_config, plan_nodes
+from swarm_node.util.errors import ConfigError
+from swarm_node.ops.local import _node_config, bootstrap_swarm_config, plan_nodes
 
 
 def _configs(tmp_path, overrides=(), per_node=None, eval_problems=64):

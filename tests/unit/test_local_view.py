@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from swarm_node.local_view import LiveView, short_model, status_table, step_line
+from swarm_node.observe.local_view import LiveView, short_model, status_table, step_line
 
 ROW = {"step": 12, "reward_mean": 0.4567, "accuracy": 0.25, "own_samples": 12, "peer_samples": 4,
        "peer_samples_used": 3, "filtered_nonpositive_advantage": 5, "filtered_kl": 1, "dropped_stale": 2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from swarm_node.machine import FINGERPRINT_KEYS, cpu_model, describe, fingerprint, machine_info
+from swarm_node.util.machine import FINGERPRINT_KEYS, cpu_model, describe, fingerprint, machine_info
 
 
 def test_cpu_model_reads_the_model_name(tmp_path):

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from swarm_node import metric_names as m
-from swarm_node.health import ALONE_WARN_STEPS, HealthTracker, alone_warning
+from swarm_node.observe.health import ALONE_WARN_STEPS, HealthTracker, alone_warning
 from swarm_node.swarm.addresses import CLIENT_MODE_HINT, join_hint, relay_maddrs, usable_maddrs
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.membership import Health, MembershipKeeper, split_peer_maddr
@@ -170,7 +170,7 @@ def test_alone_steps_count_and_warn(caplog):
     t = FakeTransport()
     t.state.update(live_peers=0.0, routing_table_size=0.0)
     h = HealthTracker(t)
-    with caplog.at_level(logging.WARNING, logger="swarm_node.health"):
+    with caplog.at_level(logging.WARNING, logger="swarm_node.observe.health"):
         out = [h.step_metrics(Counter(), publish_seconds=0, gather_seconds=0, peer_groups=0) for _ in range(7)]
     assert [o[m.ALONE_STEPS] for o in out] == [1, 2, 3, 4, 5, 6, 7]
     warned = [r.getMessage() for r in caplog.records if "alone for" in r.getMessage()]
@@ -196,7 +196,7 @@ def test_status_rows_and_table_carry_the_alone_warning():
     from rich.console import Console
 
     from protocol.messages import NodeStatus
-    from swarm_node.observe import render_table, status_rows
+    from swarm_node.observe.observer import render_table, status_rows
 
     alone = NodeStatus(peer_id="QmAlone", role="trainer", model_id="m", step=9, timestamp=100.0,
                        metrics={m.ALONE_STEPS: 5.0, m.LIVE_PEERS: 0.0, m.ROUTING_TABLE_SIZE: 0.0})

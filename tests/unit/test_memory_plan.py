@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from swarm_node import memory_budget as mb
-from swarm_node import preflight
+from swarm_node.node import memory_budget as mb
+from swarm_node.node import preflight
 from swarm_node.config import NodeConfig
-from swarm_node.errors import InputError
+from swarm_node.util.errors import InputError
 from swarm_node.policy import memory
 from swarm_node.policy.memory import GIB, Lora, ModelShape, Precision
 from tests.cli_run import _restore_signals, run  # noqa: F401 (an autouse fixture)

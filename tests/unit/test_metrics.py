@@ -9,8 +9,8 @@ import urllib.request
 import pytest
 
 from swarm_node import metric_names as m
-from swarm_node.metrics import JsonlMetricsWriter, read_metrics_jsonl
-from swarm_node import prometheus
+from swarm_node.observe.metrics import JsonlMetricsWriter, read_metrics_jsonl
+from swarm_node.observe import prometheus
 
 
 def test_every_canonical_name_is_documented():

@@ -12,9 +12,9 @@ import torch
 from protocol import codec, keys
 from protocol.messages import IndexEntry, RolloutIndex
 from swarm_node import metric_names as m
-from swarm_node.assemble import build_parts
+from swarm_node.node.assemble import build_parts
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from tests.fakes import Clock, hash_reward
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 
@@ -125,7 +125,7 @@ def test_isolated_node_and_resume_from_checkpoint(tmp_path):
 
 
 def test_node_evaluates_held_out_before_the_first_step_and_after_the_last(tmp_path):
-    from swarm_node.heldout_eval import read_evals
+    from swarm_node.evaluation.heldout import read_evals
 
     node = make_node(tmp_path, None, "evaluated", extra=["eval.problems=4", "eval.max_new_tokens=4"])
     node.run()
@@ -165,7 +165,7 @@ def test_horizontal_mode_shares_prompts_and_groups(tmp_path):
 
 @pytest.mark.parametrize("fraction,own,cap,expected", [(0.5, 4, 8, 4), (0.2, 4, 8, 1), (1.0, 4, 3, 3), (0.0, 4, 8, 0)])
 def test_peer_group_cap(fraction, own, cap, expected):
-    from swarm_node.rollouts import peer_group_cap
+    from swarm_node.node.peer_rollouts import peer_group_cap
 
     assert peer_group_cap(own, fraction, cap) == expected
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs, ObjectiveStats, group_advantages, objective_loss, sample_weights
+from swarm_node.method.objective import ObjectiveInputs, ObjectiveStats, group_advantages, objective_loss, sample_weights
 from tests.unit.naive_objective import random_batch
 
 VARIANTS = ["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs, carries_gradient, objective_loss, unscored_stats
+from swarm_node.method.objective import ObjectiveInputs, carries_gradient, objective_loss, unscored_stats
 
 # Five samples of two tokens: four peers covering (A > 0 | A < 0) x (KL low | KL high), and one own
 # sample with A < 0 and a high KL, outside the default filter scope (peers).

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm_node.config import NodeConfig, ObjectiveConfig
-from swarm_node.objective import (
+from swarm_node.method.objective import (
     ObjectiveInputs, ObjectiveStats, group_advantages, objective_loss, per_sample_kl, sample_weights,
 )
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs, group_advantages, objective_loss, per_sample_kl, sample_weights
+from swarm_node.method.objective import ObjectiveInputs, group_advantages, objective_loss, per_sample_kl, sample_weights
 from tests.unit.naive_objective import naive_advantages, naive_kl, naive_loss_and_grad, random_batch
 
 VARIANTS = ["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]

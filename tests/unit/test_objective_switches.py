@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from swarm_node.config import NodeConfig, ObjectiveConfig
-from swarm_node.errors import describe
+from swarm_node.util.errors import describe
 from swarm_node.experiment.spec import ArmSpec
-from swarm_node.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
+from swarm_node.method.objective import ObjectiveInputs, group_advantages, objective_loss, sample_weights
 from tests.unit.naive_objective import naive_loss_and_grad, random_batch
 
 # The mapping as the paper's table states it, written out here rather than read from the code.

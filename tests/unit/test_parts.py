@@ -1,4 +1,4 @@
-"""The node's seams (swarm_node/parts.py): the real parts `build_parts` wires, and the fakes tests put in
+"""The node's seams (swarm_node/node/parts.py): the real parts `build_parts` wires, and the fakes tests put in
 their place, have every member their Protocol lists, with signatures that accept the loop's calls."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any, Protocol
 
 import pytest
 
-from swarm_node import parts as p
-from swarm_node.health import NetworkCounters
+from swarm_node.node import parts as p
+from swarm_node.observe.health import NetworkCounters
 from swarm_node.policy.types import Generator
-from swarm_node.spotcheck import SpotChecker, SpotSession
+from swarm_node.peers.spotcheck import SpotChecker, SpotSession
 from swarm_node.swarm.memory import MemorySwarm
 from swarm_node.swarm.prompt_keeper import PromptSetKeeper
 from swarm_node.tasks.base import RewardFn

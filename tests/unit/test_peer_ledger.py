@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from swarm_node.ledger import FILE_NAME, RESERVOIR, PeerLedger, Stat, load_rows, quantile, top_peers
+from swarm_node.peers.ledger import FILE_NAME, RESERVOIR, PeerLedger, Stat, load_rows, quantile, top_peers
 from swarm_node.policy.types import SampleStat
 from swarm_node.swarm.admission import EXCLUDED, Admission
 
@@ -118,7 +118,7 @@ def test_persisted_atomically_and_restored_with_reputation(tmp_path):
 def test_damaged_file_is_set_aside_and_the_node_starts_empty(tmp_path, caplog, content):
     path = tmp_path / FILE_NAME
     path.write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="swarm_node.ledger"):
+    with caplog.at_level(logging.WARNING, logger="swarm_node.peers.ledger"):
         ledger = PeerLedger.open(path)
     assert len(ledger) == 0 and not path.exists()
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(FILE_NAME + ".damaged-")]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from swarm_node.ledger import FILE_NAME
+from swarm_node.peers.ledger import FILE_NAME
 from swarm_node.swarm.memory import MemorySwarm
 from tests.unit.test_node_loop import make_node
 
@@ -41,7 +41,7 @@ def test_ledger_attributes_the_steps_numbers_to_the_sender(tmp_path):
 @pytest.mark.parametrize("cross_tokenizer", ["true", "false"])
 def test_drops_are_attributed_to_the_sender(tmp_path, cross_tokenizer):
     """Groups without text (on) or any group (off) of another tokenizer: dropped, the sender's
-    tokenizer named (the exchange drops them when off, rollouts.py when on)."""
+    tokenizer named (the exchange drops them when off, peer_rollouts.py when on)."""
     swarm = MemorySwarm()
     other = make_node(tmp_path, swarm, "B", model="tiny-random:64x1:b",  # another tokenizer
                       extra=['swarm.send_text="never"'])
@@ -102,7 +102,7 @@ def test_isolated_node_keeps_no_ledger(tmp_path):
 def test_a_node_exports_its_ledger_to_prometheus(tmp_path):
     from prometheus_client import generate_latest
 
-    from swarm_node.prometheus import PrometheusExporter
+    from swarm_node.observe.prometheus import PrometheusExporter
 
     swarm = MemorySwarm()
     a = make_node(tmp_path, swarm, "A")

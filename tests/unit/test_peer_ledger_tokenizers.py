@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import generate_latest
 from rich.console import Console
 
-from swarm_node.ledger import FILE_NAME, MAX_FINGERPRINT_CHARS, PeerLedger, load_rows, top_peers
+from swarm_node.peers.ledger import FILE_NAME, MAX_FINGERPRINT_CHARS, PeerLedger, load_rows, top_peers
 from swarm_node.policy.types import SampleStat
-from swarm_node.ledger_view import render_peer_table
-from swarm_node.prometheus import TOKENIZER_GAUGE, PrometheusExporter
+from swarm_node.observe.ledger_view import render_peer_table
+from swarm_node.observe.prometheus import TOKENIZER_GAUGE, PrometheusExporter
 from tests.cli_run import _restore_signals, run  # noqa: F401  (fixture)
 
 OWN = "a" * 64

@@ -9,10 +9,10 @@ import urllib.request
 
 from prometheus_client import generate_latest
 
-from swarm_node.dashboard import DashboardServer, FakeStatusSource, LedgerSource
-from swarm_node.ledger import FILE_NAME, PeerLedger
+from swarm_node.observe.dashboard import DashboardServer, FakeStatusSource, LedgerSource
+from swarm_node.peers.ledger import FILE_NAME, PeerLedger
 from swarm_node.policy.types import SampleStat
-from swarm_node.prometheus import PEER_GAUGES, TOKENIZER_GAUGE, PrometheusExporter
+from swarm_node.observe.prometheus import PEER_GAUGES, TOKENIZER_GAUGE, PrometheusExporter
 from tests.cli_run import _restore_signals, run  # noqa: F401  (fixture)
 
 PEER_A = "12D3KooWAlphaPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"

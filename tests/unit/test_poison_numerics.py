@@ -16,10 +16,10 @@ from protocol import validate as v
 from protocol.codec import decode, encode
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
 from swarm_node.config import ObjectiveConfig, TrainConfig
-from swarm_node.objective import LOG_RATIO_BOUND, ObjectiveInputs, objective_loss, per_sample_kl
+from swarm_node.method.objective import LOG_RATIO_BOUND, ObjectiveInputs, objective_loss, per_sample_kl
 from swarm_node.policy.trainer import Trainer
-from swarm_node.rejects import RejectList
-from swarm_node.rollouts import group_record_id
+from swarm_node.peers.rejects import RejectList
+from swarm_node.node.peer_rollouts import group_record_id
 from tests.unit.test_policy_trainer import cache, make_policy, make_samples, params  # noqa: F401  (fixture)
 
 VARIANTS = ("grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis")

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from protocol import codec, keys
 from protocol.messages import IndexEntry, RolloutIndex, SamplingParams
-from swarm_node.assemble import build_parts
+from swarm_node.node.assemble import build_parts
 from swarm_node.config import NodeConfig
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from swarm_node.swarm.admission import Admission
 from swarm_node.swarm.binding import SLOT_OVERUSED, WRONG_PROMPT, PromptAssignment
 from swarm_node.swarm.exchange import RolloutExchange

@@ -13,15 +13,15 @@ from prometheus_client import generate_latest
 from protocol import validate as v
 from protocol.messages import MAX_RECEIPT_REASONS, MAX_RECEIPTS, NodeStatus, Receipt
 from swarm_node import metric_names as m
-from swarm_node import receipts as receipts_mod
-from swarm_node.errors import InputError
-from swarm_node.given import given_metrics, given_rows, given_totals
-from swarm_node.given_run import gave_by_node, gave_text
-from swarm_node.given_view import STATEMENT, given_report, render_given, resolve_peer
-from swarm_node.ledger import FILE_NAME, PeerLedger, load_rows
+from swarm_node.peers import receipts as receipts_mod
+from swarm_node.util.errors import InputError
+from swarm_node.peers.given import given_metrics, given_rows, given_totals
+from swarm_node.observe.given_run import gave_by_node, gave_text
+from swarm_node.observe.given_view import STATEMENT, given_report, render_given, resolve_peer
+from swarm_node.peers.ledger import FILE_NAME, PeerLedger, load_rows
 from swarm_node.policy.types import SampleStat
-from swarm_node.prometheus import PrometheusExporter
-from swarm_node.receipts import BUCKETS, ReceiptBook, bounded_reasons
+from swarm_node.observe.prometheus import PrometheusExporter
+from swarm_node.peers.receipts import BUCKETS, ReceiptBook, bounded_reasons
 
 A, B, C = "QmSenderA", "QmReceiverB", "QmReceiverC"
 

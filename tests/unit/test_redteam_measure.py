@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swarm_node.config import ObjectiveConfig
-from swarm_node.objective import ObjectiveInputs
+from swarm_node.method.objective import ObjectiveInputs
 from tests.integration import redteam_measure as measure
 
 

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from swarm_node import metric_names as m
-from swarm_node.report import console_lines, find_metrics_files, read_summary, summarize, write_report
+from swarm_node.observe.report import console_lines, find_metrics_files, read_summary, summarize, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -104,7 +104,7 @@ def test_single_node_dir_and_missing_metric_plot(tmp_path):
 
 
 def test_empty_run_dir_raises(tmp_path):
-    from swarm_node.errors import InputError
+    from swarm_node.util.errors import InputError
 
     with pytest.raises(InputError, match="no metrics.jsonl under"):
         write_report(tmp_path)

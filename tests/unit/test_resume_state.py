@@ -10,7 +10,8 @@ from pathlib import Path
 
 
 from tests.cli_run import _restore_signals, run  # noqa: F401 (an autouse fixture)
-from swarm_node.metrics import latest_run, read_metrics_jsonl, supersede_after
+from swarm_node.observe.metrics import read_metrics_jsonl, supersede_after
+from swarm_node.util.jsonl import latest_run
 
 TINY = ["-s", "generation.group_size=2", "-s", "generation.max_new_tokens=4", "-s", "train.prompts_per_step=1",
         "-s", "checkpoint.every_steps=2", "-s", "checkpoint.keep=3"]

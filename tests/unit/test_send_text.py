@@ -9,7 +9,7 @@ import numpy as np
 
 from protocol.messages import RolloutGroup
 from protocol.validate import ValidationLimits, validate_group
-from swarm_node.node import Node
+from swarm_node.node.loop import Node
 from swarm_node.policy.types import GeneratedCompletion
 from swarm_node.swarm.memory import MemorySwarm
 from swarm_node.swarm.tokenizers import MAX_FINGERPRINTS, TokenizerCensus

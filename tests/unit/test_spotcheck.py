@@ -1,4 +1,4 @@
-"""Logprob spot-checks (swarm_node/spotcheck.py) and the declared model (Policy.declared_revision,
+"""Logprob spot-checks (swarm_node/peers/spotcheck.py) and the declared model (Policy.declared_revision,
 adapter_digest): the math, the budget, the declared temperature, forged groups dropped as
 logprob_mismatch and blamed, honest ones taken, groups of models this node does not hold unchecked."""
 
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from protocol.messages import Completion, PromptRef, RolloutGroup, SamplingParams
-from swarm_node import rollouts
-from swarm_node.config_spotcheck import SpotCheckConfig
+from swarm_node.node import peer_rollouts
+from swarm_node.config.spotcheck import SpotCheckConfig
 from swarm_node.policy.models import TRAINED_SUFFIX
 from swarm_node.policy.scoring import token_logprobs
-from swarm_node.spotcheck import (
+from swarm_node.peers.spotcheck import (
     CHECKED,
     LOGPROB_MISMATCH,
     UNCHECKED,
@@ -131,7 +131,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def honest_group(node: Any, sender: str = "peer-x", index: int = 3) -> RolloutGroup:
     parts = node.parts
     policy, problem = parts.policy, parts.prompt_set.problems[index]
-    prompt = rollouts.render_prompts(parts, [problem])[0]
+    prompt = peer_rollouts.render_prompts(parts, [problem])[0]
     comps = parts.generator.generate([prompt], 4)[0]
     return RolloutGroup(
         swarm_id=parts.config.swarm.swarm_id, sender=sender, model_id=policy.model_id,
@@ -155,14 +155,14 @@ def test_forged_logprobs_are_dropped_and_blamed_honest_groups_taken(node: Any) -
     honest = honest_group(node, "peer-honest")
     floor, certain = forged(honest_group(node, "peer-floor", 4), -50.0), forged(honest_group(node, "peer-zero", 5), 0.0)
     drops: Counter[str] = Counter()
-    batch = rollouts.peer_samples(parts, [honest, floor, certain], 8, drops, step=0)
+    batch = peer_rollouts.peer_samples(parts, [honest, floor, certain], 8, drops, step=0)
     assert batch.groups == 1 and {s.source for s in batch.samples} == {"peer-honest"}
     assert drops == Counter({LOGPROB_MISMATCH: 2})
     assert batch.spot_metrics["spot_checked"] == 3 and batch.spot_metrics["spot_mismatch"] == 2
     admission = parts.exchange.admission
     assert admission.reputation.faults["peer-floor"] >= 1 and admission.reputation.faults["peer-zero"] >= 1
     assert admission.reputation.faults.get("peer-honest", 0.0) == 0.0
-    assert rollouts.group_record_id(floor) in parts.rejects
+    assert peer_rollouts.group_record_id(floor) in parts.rejects
     peers = {p["peer_id"]: p for p in parts.ledger.to_json()["peers"]}
     assert LOGPROB_MISMATCH in str(peers["peer-floor"]) and LOGPROB_MISMATCH not in str(peers["peer-honest"])
 
@@ -183,7 +183,7 @@ def test_a_trained_node_declares_no_base_revision_and_stops_checking_with_its_ow
     assert published[0].model_revision == "" and published[-1].model_revision == TRAINED_SUFFIX
     assert parts.policy.declared_revision.endswith(TRAINED_SUFFIX)
     drops: Counter[str] = Counter()
-    batch = rollouts.peer_samples(parts, [forged(group, -50.0)], 8, drops, step=9)  # no reference any more
+    batch = peer_rollouts.peer_samples(parts, [forged(group, -50.0)], 8, drops, step=9)  # no reference any more
     assert LOGPROB_MISMATCH not in drops and batch.spot_metrics["spot_unchecked"] == 1
 
 
@@ -199,7 +199,7 @@ def test_a_lora_node_declares_its_current_adapter(tmp_path) -> None:
 
 
 def _gradient_weight(theta: torch.Tensor, gen: torch.Tensor, cfg: Any) -> float:
-    from swarm_node.objective import ObjectiveInputs, objective_loss
+    from swarm_node.method.objective import ObjectiveInputs, objective_loss
 
     t = theta.clone()[None].requires_grad_(True)
     n = theta.shape[0]

@@ -234,9 +234,9 @@ def test_token_budget_per_gather() -> None:
 def test_allow_list_command_writes_a_file_nodes_accept(tmp_path) -> None:
     from typer.testing import CliRunner
 
-    from swarm_node.cli import app
+    from swarm_node.ops.cli import app
     from swarm_node.config import NodeConfig
-    from swarm_node.assemble import build_admission
+    from swarm_node.node.assemble import build_admission
     from swarm_node.swarm.identity import load_or_create_key, public_key_text
     from swarm_node.tasks.base import PromptSet
 

@@ -92,7 +92,7 @@ def test_a_good_copy_wins_over_a_bad_one(operator) -> None:
 
 
 def test_an_ended_set_is_refused_with_a_one_line_error(operator, stranger) -> None:
-    from swarm_node.errors import InputError, RuntimeFailure, describe
+    from swarm_node.util.errors import InputError, RuntimeFailure, describe
     from swarm_node.swarm.prompts import PromptSetEnded, end_prompt_set
 
     swarm = MemorySwarm()

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from swarm_node.errors import InputError
+from swarm_node.util.errors import InputError
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, blob_digest
 from tests.fakes import Clock

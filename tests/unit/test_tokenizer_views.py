@@ -10,8 +10,8 @@ import urllib.request
 from rich.console import Console
 
 from protocol.messages import NodeStatus
-from swarm_node.dashboard import DashboardServer, FakeStatusSource, Status
-from swarm_node.observe import render_table, status_rows
+from swarm_node.observe.dashboard import DashboardServer, FakeStatusSource, Status
+from swarm_node.observe.observer import render_table, status_rows
 from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
 
 BYTES, BPE = "b7e5" + "0" * 60, "c0de" + "1" * 60

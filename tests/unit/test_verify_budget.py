@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from swarm_node.policy.types import GeneratedCompletion
-from swarm_node.rejects import RejectList
+from swarm_node.peers.rejects import RejectList
 from swarm_node.tasks import Problem
 from swarm_node.tasks.bounded import BoundedRunner
 from swarm_node.tasks.rewards import CorrectnessReward, Score

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from swarm_node.config import GenerationConfig, NodeConfig
-from swarm_node.errors import InputError
-from swarm_node.evaluate import ROUND_BATCHES
+from swarm_node.util.errors import InputError
+from swarm_node.policy.greedy import ROUND_BATCHES
 from swarm_node.policy.types import check_prompts
 from swarm_node.policy.vllm_engine import (
     BATCHED_TOKENS,

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("vllm", reason="needs vLLM (scripts/setup_vllm_env.sh builds the environment)")
 
 from swarm_node.config import GenerationConfig  # noqa: E402
-from swarm_node.evaluate import evaluate  # noqa: E402
+from swarm_node.evaluation.evaluate import evaluate  # noqa: E402
 from swarm_node.policy.generation import HFGenerator  # noqa: E402
 from swarm_node.policy.vllm_engine import BATCHED_TOKENS, EngineDemand  # noqa: E402
 from swarm_node.tasks import Problem, PromptSet, render_prompt  # noqa: E402

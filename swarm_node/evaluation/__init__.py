@@ -1,0 +1,1 @@
+"""Held-out evaluation through the node's generator, and its statistics."""

@@ -1,0 +1,411 @@
+"""Build a node's parts from its config and run it under supervision.
+
+This is the one place that knows every concrete implementation (hivemind transport, HF/vLLM
+generators, task loaders, metric sinks); `node.py` sees only `NodeParts` (`parts.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from swarm_node.util.atomic import atomic_write_text
+from swarm_node.config import NodeConfig, SwarmConfig
+from swarm_node.node.loop import Node
+from swarm_node.node.parts import CheckpointExtra, NodeParts
+
+log = logging.getLogger(__name__)
+
+
+def start_transport(swarm: SwarmConfig, node_dir: Path) -> Any:
+    """Start this node's DHT process with the identity kept in `node_dir` (created on first use)."""
+    from swarm_node.util.lifecycle import start_torch_shm_manager
+    from swarm_node.swarm.dht import HivemindTransport
+    from swarm_node.swarm.identity import load_node_identity
+
+    start_torch_shm_manager()  # before hivemind's first shared tensor: see its docstring
+    return HivemindTransport.from_config(swarm, load_node_identity(node_dir))
+
+
+def build_parts(cfg: NodeConfig, transport: Any | None = None, prompt_set: Any | None = None) -> tuple[NodeParts, int]:
+    """Load everything the node needs; returns the parts and the step to start from. On failure
+    (or a signal) whatever was started is closed again. `prompt_set`: already loaded (preflight)."""
+    close_hooks: list = []
+    try:
+        return _build_parts(cfg, transport, prompt_set, close_hooks)
+    except BaseException:
+        for hook in reversed(close_hooks):
+            try:
+                hook()
+            except Exception:  # noqa: BLE001  (the original error is the one to report)
+                log.debug("close hook failed after a failed start", exc_info=True)
+        raise
+
+
+def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
+                 close_hooks: list) -> tuple[NodeParts, int]:
+    from swarm_node.observe.metrics import JsonlMetricsWriter, supersede_after
+    from swarm_node.policy.checkpoint import load_latest_checkpoint, save_checkpoint
+    from swarm_node.policy.generation import make_generator
+    from swarm_node.policy.models import load_policy
+    from swarm_node.policy.trainer import Trainer
+    from swarm_node.policy.vllm_engine import node_demand
+    from swarm_node.observe.prometheus import PrometheusExporter
+    from swarm_node.tasks import load_prompt_set, make_reward_fn
+    from swarm_node.tasks.prompt_lengths import check_prompt_lengths
+
+    node_dir = Path(cfg.node_dir)
+    node_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.swarm.prompt_set_id is None and prompt_set is None:
+        prompt_set = load_prompt_set(cfg.task)  # before the model: a bad data file costs nothing
+
+    if cfg.swarm.enabled and transport is None:
+        peers = cfg.swarm.initial_peers
+        log.info("starting the DHT%s (up to %.0fs x %d attempts)", f" and joining via {', '.join(peers)}" if peers
+                 else " (no --initial-peer: this node starts a new swarm)", cfg.swarm.startup_timeout_s,
+                 cfg.swarm.start_attempts)
+        transport = start_transport(cfg.swarm, node_dir)
+        close_hooks.append(transport.shutdown)
+    if transport is not None and cfg.swarm.initial_peers:  # before the model loads: a wrong clock costs seconds
+        from swarm_node.swarm.clock_probe import check_join_clock
+
+        s = cfg.swarm
+        check_join_clock(transport, s.swarm_id, s.initial_peers, s.window_seconds, s.staleness_steps,
+                         timeout=min(10.0, s.fetch_timeout_s))
+    policy = load_policy(cfg.model, seed=cfg.train.seed)
+    trainer = Trainer(policy, cfg.train, cfg.objective, temperature=cfg.generation.temperature)
+    restored = load_latest_checkpoint(node_dir, trainer)
+    start_step = restored[0] if restored else 0
+    if restored and cfg.metrics.jsonl:
+        moved = supersede_after(node_dir / "metrics.jsonl", start_step)
+        if moved:
+            log.info("resumed at step %d: %d metrics rows of later steps moved to metrics.superseded.jsonl",
+                     start_step, moved)
+    keeper = None
+    if cfg.swarm.prompt_set_id is not None:
+        from swarm_node.swarm.prompts import load_prompt_set as load_swarm_prompt_set
+
+        if transport is None:
+            raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
+        prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
+                                           cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
+        keeper = start_prompt_keeper(cfg.swarm, transport)
+        if keeper is not None:
+            close_hooks.append(keeper.stop)
+    longest = check_prompt_lengths(policy.tokenizer, prompt_set.problems, prompt_set.id,
+                                   cfg.generation.max_prompt_tokens, cfg.task.system_prompt, cfg.task.worked_example)
+    log.info("prompts of %s: at most %d tokens (generation.max_prompt_tokens=%d)", prompt_set.id, longest,
+             cfg.generation.max_prompt_tokens)
+    generator = make_generator(policy, cfg.generation, seed=cfg.train.seed + start_step, demand=node_demand(cfg))
+    close_hooks.append(generator.close)
+    if start_step:
+        generator.sync_weights(policy.model)
+    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind)
+    close_hooks.append(reward_fn.close)  # its time-bounded worker process
+
+    sinks: list = []
+    if cfg.metrics.jsonl:
+        writer = JsonlMetricsWriter(node_dir / "metrics.jsonl")
+        sinks.append(writer.write)
+        close_hooks.append(writer.close)
+    if cfg.metrics.prometheus_addr:
+        exporter = PrometheusExporter(cfg.metrics.prometheus_addr)
+        try:
+            exporter.start()
+        except OSError as e:  # taken between the preflight check and now
+            from swarm_node.util.errors import InputError
+
+            raise InputError(f"cannot serve metrics on {cfg.metrics.prometheus_addr} (metrics.prometheus_addr): "
+                             f"{e.strerror or e}", "stop the process using that port or choose another") from e
+        sinks.append(exporter.update)
+        close_hooks.append(exporter.stop)
+
+    exchange = None
+    ledger = None
+    peer_id = "local"
+    dht_time = None
+    if transport is not None:
+        from swarm_node.peers.ledger import FILE_NAME as LEDGER_FILE
+        from swarm_node.peers.ledger import PeerLedger
+        from swarm_node.swarm.exchange import RolloutExchange
+
+        ledger = PeerLedger.open(node_dir / LEDGER_FILE, cfg.metrics.ledger_max_peers, own_tokenizer=policy.fingerprint,
+                                 own_peer=transport.peer_id, receipts_span_s=cfg.metrics.receipts_span_s)
+
+        min_g, max_g = peer_group_bounds(cfg)
+        exchange = RolloutExchange(transport, cfg.swarm.swarm_id, vocab_size=len(policy.tokenizer),
+                                   max_new_tokens=cfg.generation.max_new_tokens,
+                                   min_group_size=min_g, max_group_size=max_g,
+                                   record_ttl_s=cfg.swarm.record_ttl_s,
+                                   window_seconds=cfg.swarm.window_seconds,
+                                   tokenizer_fingerprint=policy.fingerprint,
+                                   cross_tokenizer=cfg.swarm.cross_tokenizer,
+                                   index_peers_per_shard=cfg.swarm.index_peers_per_shard,
+                                   index_shards_per_read=cfg.swarm.index_shards_per_read,
+                                   temperature_range=(cfg.swarm.min_peer_temperature, cfg.swarm.max_peer_temperature),
+                                   admission=build_admission(cfg, prompt_set, ledger.reputation), ledger=ledger)
+        peer_id = transport.peer_id
+        dht_time = transport.dht_time
+        sinks.append(_status_sink(exchange, transport, cfg, policy, ledger))
+        if cfg.metrics.prometheus_addr:
+            sinks.append(lambda _metrics: exporter.update_peers(ledger.rows(), cfg.metrics.prometheus_top_peers))
+
+    def save(extra: CheckpointExtra) -> None:
+        save_checkpoint(node_dir, trainer, cfg, dict(extra))
+
+    from swarm_node.peers.rejects import FILE_NAME, RejectList
+
+    parts = NodeParts(config=cfg, policy=policy, generator=generator, trainer=trainer,
+                      prompt_set=prompt_set, reward_fn=reward_fn, peer_id=peer_id, exchange=exchange,
+                      sinks=sinks, save_checkpoint=save, close_hooks=close_hooks,
+                      rejects=RejectList(node_dir / FILE_NAME), prompt_keeper=keeper,
+                      ledger=ledger)
+    if exchange is not None:
+        from swarm_node.peers.spotcheck import build_spot_checker
+
+        parts.spot_checker = build_spot_checker(cfg, policy, render_with(cfg))
+    if dht_time is not None:
+        parts.dht_time = dht_time
+    if cfg.eval.problems:
+        from swarm_node.evaluation.heldout import HeldoutEvaluator
+
+        evaluator = HeldoutEvaluator(cfg, policy, generator, prompt_set)
+        close_hooks.append(evaluator.close)
+        parts.evaluate = evaluator
+    # Written once the node has started, so a failed start leaves the previous one in place.
+    atomic_write_text(node_dir / "config.resolved.toml", cfg.dump_toml())
+    return parts, start_step
+
+
+def render_with(cfg: NodeConfig) -> Any:
+    """(tokenizer, problem) -> prompt ids under this node's task template, thread-safe: how a logprob
+    spot-check (swarm_node/peers/spotcheck.py) renders a prompt with a reference model's tokenizer."""
+    from swarm_node.node.peer_rollouts import TOKENIZER_LOCK
+    from swarm_node.tasks import render_prompt
+
+    def render(tokenizer: Any, problem: Any) -> list[int]:
+        with TOKENIZER_LOCK:
+            return render_prompt(tokenizer, problem.question, cfg.task.system_prompt, cfg.task.worked_example)
+
+    return render
+
+
+def start_prompt_keeper(swarm: SwarmConfig, transport: Any) -> Any | None:
+    """The thread that keeps the node's seeded prompt set alive (None when its budget is 0)."""
+    from swarm_node.swarm.prompt_keeper import PromptSetKeeper
+
+    if swarm.prompt_set_id is None or swarm.prompt_set_restore_budget_bytes == 0:
+        return None
+    keeper = PromptSetKeeper(transport, swarm.swarm_id, swarm.prompt_set_id, swarm.prompt_set_owner,
+                             ttl_s=swarm.record_ttl_s, budget_bytes=swarm.prompt_set_restore_budget_bytes,
+                             timeout=swarm.fetch_timeout_s)
+    keeper.start()
+    return keeper
+
+
+def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
+    """(smallest, largest) peer group size taken: the local G unless configured."""
+    g = cfg.generation.group_size
+    return cfg.swarm.min_peer_group_size or g, cfg.swarm.max_peer_group_size or g
+
+
+def build_admission(cfg: NodeConfig, prompt_set: Any, reputation: Any | None = None) -> Any:
+    """The node's admission rules (swarm/admission.py) from its config and prompt set; `reputation`:
+    the peer ledger's, so trust survives a restart (a fresh one if None)."""
+    from swarm_node.swarm.admission import Admission, PromptAssignment
+    from swarm_node.swarm.allowlist import load_allow_list
+
+    s = cfg.swarm
+    allowed = list(s.allowed_peers)
+    if s.allowed_peers_file is not None:
+        allowed += load_allow_list(s.allowed_peers_file, s.swarm_id, s.prompt_set_owner)
+    prompts = PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
+                               prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
+                               salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
+                               window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
+    tokens = s.max_peer_tokens_per_step or (
+        s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
+    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens,
+                     reputation=reputation)
+
+
+def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, ledger: Any):
+    from protocol.messages import NodeStatus
+
+    def publish(metrics: dict[str, float]) -> None:
+        step = int(metrics.get("step", 0))
+        if step % cfg.metrics.status_every_steps:
+            return
+        span, receipts = ledger.receipts(cfg.metrics.receipts_max_senders)  # what it did with each sender's groups
+        exchange.publish_status(NodeStatus(
+            peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
+            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics),
+            tokenizer_fingerprint=policy.fingerprint, receipts_span_s=span, receipts=receipts))
+
+    return publish
+
+
+def _usable_maddrs(transport: Any) -> list[str]:
+    """Addresses others can join through (HivemindTransport.usable_maddrs; fakes list theirs as is)."""
+    if hasattr(transport, "usable_maddrs"):
+        return list(transport.usable_maddrs)
+    return list(transport.visible_maddrs)
+
+
+def status_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """The part of a step's metrics a status record carries: finite values under short keys, bounded
+    in number (peers drop a status record that breaks protocol.validate's limits)."""
+    from protocol.validate import ValidationLimits
+
+    limits = ValidationLimits(vocab_size=1)
+    kept = {k: float(v) for k, v in sorted(metrics.items())
+            if math.isfinite(v) and len(k) <= limits.max_metric_key_len}
+    return dict(list(kept.items())[: limits.max_metrics])
+
+
+def run_node(cfg: NodeConfig) -> None:
+    """Run a node until its step budget or SIGINT/SIGTERM; always checkpoints and leaves cleanly.
+
+    Before anything heavy: the config's paths, addresses, data and checkpoints are checked
+    (`preflight`) and the node directory is locked against a second process."""
+    from swarm_node.util import lifecycle
+    from swarm_node.node import preflight
+
+    prompt_set = preflight.check_node(cfg)
+    preflight.fit_memory(cfg, prompt_set)  # before the model loads: micro-batch and checkpointing, or refuse
+    lock = lifecycle.NodeDirLock(Path(cfg.node_dir)).acquire()
+    try:
+        parts, start_step = build_parts(cfg, prompt_set=prompt_set)
+        node = Node(parts, start_step=start_step)
+        if parts.exchange is not None:
+            from swarm_node.swarm.addresses import join_hint
+
+            transport = parts.exchange.transport
+            maddrs = _usable_maddrs(transport)
+            print("swarm-node: peer id", parts.peer_id, flush=True)
+            for m in maddrs:
+                print("swarm-node: join through", m, flush=True)
+            hint = join_hint(maddrs, client_mode=getattr(transport, "client_mode", False))
+            if hint:
+                print("swarm-node:", hint, flush=True)
+        if start_step:
+            log.info("resumed from checkpoint at step %d", start_step)
+
+        def on_signal(signum: int) -> None:
+            if node.stopping:
+                log.info("signal %d: already stopping; the current step ends, then checkpoint", signum)
+                return
+            log.info("signal %d: finishing the current step, then checkpoint and leave", signum)
+            node.stop()
+
+        lifecycle.on_stop(on_signal)
+        if lifecycle.received_signal() is not None:  # arrived during startup and was swallowed
+            node.stop()
+        node.run()
+    finally:
+        lifecycle.on_stop(None)
+        lock.release()
+
+
+def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
+             max_new_tokens: int, progress: bool) -> dict:
+    from swarm_node.evaluation.evaluate import evaluate
+    from swarm_node.policy.greedy import ROUND_BATCHES
+    from swarm_node.policy.checkpoint import load_weights
+    from swarm_node.policy.generation import make_generator
+    from swarm_node.policy.models import load_policy
+    from swarm_node.policy.vllm_engine import EngineDemand
+    from swarm_node.tasks import make_reward_fn
+    from swarm_node.tasks.prompt_lengths import longest_prompt
+
+    from swarm_node.node import preflight
+    from swarm_node.policy.checkpoint import checkpoint_model_config
+
+    model_cfg = cfg.model
+    if checkpoint is not None:
+        model_cfg = checkpoint_model_config(checkpoint, cfg.model)  # the model the checkpoint records
+        log.info("evaluating checkpoint %s of %s%s", checkpoint, model_cfg.name, " (LoRA)" if model_cfg.lora.enabled else "")
+    preflight.check_model_name(model_cfg.name)
+    prompt_set = preflight.check_task_data(cfg)  # before the model: a bad data file costs nothing
+    policy = load_policy(model_cfg, seed=cfg.train.seed)
+    if checkpoint is not None:
+        load_weights(checkpoint, policy)
+    # The engine is sized for this evaluation: its longest prompt, its completion cap, its calls.
+    longest, _ = longest_prompt(policy.tokenizer, prompt_set.problems[:limit])
+    gen_cfg = cfg.generation.model_copy(update={"max_prompt_tokens": max(cfg.generation.max_prompt_tokens, longest)})
+    demand = EngineDemand(sequences=batch_size * ROUND_BATCHES, max_new_tokens=max_new_tokens)
+    generator = make_generator(policy, gen_cfg, seed=cfg.train.seed, demand=demand)
+    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
+    try:
+        return evaluate(generator, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
+                        max_new_tokens=max_new_tokens, progress=progress)
+    finally:
+        reward_fn.close()
+        generator.close()
+
+
+def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
+             initial_peers: list[str], node_dir: Path, hold: float) -> None:
+    import time
+
+    from swarm_node.config import TaskConfig
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import seed_prompt_set
+    from swarm_node.tasks import load_prompt_set
+
+    prompt_set = load_prompt_set(TaskConfig(name=task, source=source))
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or f"{task}:{source or 'builtin'}",
+                                   operator, ttl_s=swarm_cfg.record_ttl_s)
+        print(f"prompt set id:     {manifest.prompt_set_id}")
+        print(f"problems:          {manifest.num_problems}")
+        print(f"operator key:      {public_key_text(operator)}")
+        for m in _usable_maddrs(transport):
+            print(f"seeder listening:  {m}")
+        print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
+        deadline = time.monotonic() + hold if hold > 0 else float("inf")
+        while time.monotonic() < deadline:
+            time.sleep(min(swarm_cfg.record_ttl_s / 3, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() < deadline:
+                seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=swarm_cfg.record_ttl_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        transport.shutdown()
+
+
+def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,
+                       initial_peers: list[str], node_dir: Path, ttl_s: float | None) -> None:
+    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it and refuse to load it."""
+    from protocol import keys
+    from protocol.messages import ProtocolError
+    from swarm_node.util.errors import InputError
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import end_prompt_set
+
+    try:
+        for name in (prompt_set_id, *([successor] if successor else [])):
+            keys.check_name(name, "prompt set id")
+    except ProtocolError as e:
+        raise InputError(str(e), "pass the id `swarm-node seed` printed") from e
+    if not key_file.exists():
+        raise InputError(f"operator key {key_file} not found",
+                         "pass the --key-file the set was seeded with (only its key can end the set)")
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        tombstone = end_prompt_set(transport, swarm_id, prompt_set_id, operator, successor=successor or "",
+                                   ttl_s=ttl_s or swarm_cfg.max_record_ttl_s, timeout=swarm_cfg.fetch_timeout_s)
+    finally:
+        transport.shutdown()
+    print(f"ended prompt set:  {tombstone.prompt_set_id}")
+    print(f"operator key:      {public_key_text(operator)}")
+    if tombstone.successor:
+        print(f"successor:         {tombstone.successor}")
+    print("nodes stop re-storing it at their next check; its records lapse within swarm.record_ttl_s after that")

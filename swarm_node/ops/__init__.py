@@ -1,0 +1,1 @@
+"""Operations: the command line, local swarms, bootstrap, doctor."""

@@ -1,0 +1,1 @@
+"""What a node keeps about peers' data: cross-tokenizer receive, logprob spot-checks, the peer ledger, the reject list, receipts and what they say a node gave. The node's intake step that uses them is node/peer_rollouts.py."""
