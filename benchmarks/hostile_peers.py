@@ -39,7 +39,8 @@ import numpy as np
 
 from benchmarks.common import emit
 from swarm_node.node.assemble import build_parts
-from swarm_node.config import VARIANT_SWITCHES, NodeConfig
+from swarm_node.config import NodeConfig
+from swarm_node.config.objective import VARIANT_SWITCHES
 from swarm_node.node.loop import Node
 from swarm_node.policy.types import GeneratedCompletion
 from swarm_node.swarm.memory import MemorySwarm, MemoryTransport

@@ -1,7 +1,8 @@
 """Build a node's parts from its config and run it under supervision.
 
 This is the one place that knows every concrete implementation (hivemind transport, HF/vLLM
-generators, task loaders, metric sinks); `node.py` sees only `NodeParts` (`parts.py`).
+generators, task loaders, metric sinks); the loop (`loop.py`) sees only `NodeParts` (`parts.py`).
+The commands that are not a node (`eval`, `seed`, `end-prompt-set`) live in `swarm_node/ops/`.
 """
 
 from __future__ import annotations
@@ -241,13 +242,13 @@ def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, le
         span, receipts = ledger.receipts(cfg.metrics.receipts_max_senders)  # what it did with each sender's groups
         exchange.publish_status(NodeStatus(
             peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(_usable_maddrs(transport)), metrics=status_metrics(metrics),
+            timestamp=transport.dht_time(), maddrs=tuple(usable_maddrs(transport)), metrics=status_metrics(metrics),
             tokenizer_fingerprint=policy.fingerprint, receipts_span_s=span, receipts=receipts))
 
     return publish
 
 
-def _usable_maddrs(transport: Any) -> list[str]:
+def usable_maddrs(transport: Any) -> list[str]:
     """Addresses others can join through (HivemindTransport.usable_maddrs; fakes list theirs as is)."""
     if hasattr(transport, "usable_maddrs"):
         return list(transport.usable_maddrs)
@@ -283,7 +284,7 @@ def run_node(cfg: NodeConfig) -> None:
             from swarm_node.swarm.addresses import join_hint
 
             transport = parts.exchange.transport
-            maddrs = _usable_maddrs(transport)
+            maddrs = usable_maddrs(transport)
             print("swarm-node: peer id", parts.peer_id, flush=True)
             for m in maddrs:
                 print("swarm-node: join through", m, flush=True)
@@ -307,105 +308,3 @@ def run_node(cfg: NodeConfig) -> None:
     finally:
         lifecycle.on_stop(None)
         lock.release()
-
-
-def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
-             max_new_tokens: int, progress: bool) -> dict:
-    from swarm_node.evaluation.evaluate import evaluate
-    from swarm_node.policy.greedy import ROUND_BATCHES
-    from swarm_node.policy.checkpoint import load_weights
-    from swarm_node.policy.generation import make_generator
-    from swarm_node.policy.models import load_policy
-    from swarm_node.policy.vllm_engine import EngineDemand
-    from swarm_node.tasks import make_reward_fn
-    from swarm_node.tasks.prompt_lengths import longest_prompt
-
-    from swarm_node.node import preflight
-    from swarm_node.policy.checkpoint import checkpoint_model_config
-
-    model_cfg = cfg.model
-    if checkpoint is not None:
-        model_cfg = checkpoint_model_config(checkpoint, cfg.model)  # the model the checkpoint records
-        log.info("evaluating checkpoint %s of %s%s", checkpoint, model_cfg.name, " (LoRA)" if model_cfg.lora.enabled else "")
-    preflight.check_model_name(model_cfg.name)
-    prompt_set = preflight.check_task_data(cfg)  # before the model: a bad data file costs nothing
-    policy = load_policy(model_cfg, seed=cfg.train.seed)
-    if checkpoint is not None:
-        load_weights(checkpoint, policy)
-    # The engine is sized for this evaluation: its longest prompt, its completion cap, its calls.
-    longest, _ = longest_prompt(policy.tokenizer, prompt_set.problems[:limit])
-    gen_cfg = cfg.generation.model_copy(update={"max_prompt_tokens": max(cfg.generation.max_prompt_tokens, longest)})
-    demand = EngineDemand(sequences=batch_size * ROUND_BATCHES, max_new_tokens=max_new_tokens)
-    generator = make_generator(policy, gen_cfg, seed=cfg.train.seed, demand=demand)
-    reward_fn = make_reward_fn(cfg.task, prompt_set.answer_kind, format_reward=0.0)
-    try:
-        return evaluate(generator, policy.tokenizer, prompt_set, reward_fn, limit=limit, batch_size=batch_size,
-                        max_new_tokens=max_new_tokens, progress=progress)
-    finally:
-        reward_fn.close()
-        generator.close()
-
-
-def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
-             initial_peers: list[str], node_dir: Path, hold: float) -> None:
-    import time
-
-    from swarm_node.config import TaskConfig
-    from swarm_node.swarm.identity import load_or_create_key, public_key_text
-    from swarm_node.swarm.prompts import seed_prompt_set
-    from swarm_node.tasks import load_prompt_set
-
-    prompt_set = load_prompt_set(TaskConfig(name=task, source=source))
-    operator = load_or_create_key(key_file)
-    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
-    transport = start_transport(swarm_cfg, node_dir)
-    try:
-        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or f"{task}:{source or 'builtin'}",
-                                   operator, ttl_s=swarm_cfg.record_ttl_s)
-        print(f"prompt set id:     {manifest.prompt_set_id}")
-        print(f"problems:          {manifest.num_problems}")
-        print(f"operator key:      {public_key_text(operator)}")
-        for m in _usable_maddrs(transport):
-            print(f"seeder listening:  {m}")
-        print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
-        deadline = time.monotonic() + hold if hold > 0 else float("inf")
-        while time.monotonic() < deadline:
-            time.sleep(min(swarm_cfg.record_ttl_s / 3, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() < deadline:
-                seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=swarm_cfg.record_ttl_s)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        transport.shutdown()
-
-
-def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,
-                       initial_peers: list[str], node_dir: Path, ttl_s: float | None) -> None:
-    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it and refuse to load it."""
-    from protocol import keys
-    from protocol.messages import ProtocolError
-    from swarm_node.util.errors import InputError
-    from swarm_node.swarm.identity import load_or_create_key, public_key_text
-    from swarm_node.swarm.prompts import end_prompt_set
-
-    try:
-        for name in (prompt_set_id, *([successor] if successor else [])):
-            keys.check_name(name, "prompt set id")
-    except ProtocolError as e:
-        raise InputError(str(e), "pass the id `swarm-node seed` printed") from e
-    if not key_file.exists():
-        raise InputError(f"operator key {key_file} not found",
-                         "pass the --key-file the set was seeded with (only its key can end the set)")
-    operator = load_or_create_key(key_file)
-    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
-    transport = start_transport(swarm_cfg, node_dir)
-    try:
-        tombstone = end_prompt_set(transport, swarm_id, prompt_set_id, operator, successor=successor or "",
-                                   ttl_s=ttl_s or swarm_cfg.max_record_ttl_s, timeout=swarm_cfg.fetch_timeout_s)
-    finally:
-        transport.shutdown()
-    print(f"ended prompt set:  {tombstone.prompt_set_id}")
-    print(f"operator key:      {public_key_text(operator)}")
-    if tombstone.successor:
-        print(f"successor:         {tombstone.successor}")
-    print("nodes stop re-storing it at their next check; its records lapse within swarm.record_ttl_s after that")

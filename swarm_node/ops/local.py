@@ -30,7 +30,8 @@ from rich.console import Console
 
 from swarm_node.util import lifecycle
 from swarm_node.util.atomic import atomic_write_text
-from swarm_node.config import NodeConfig, SwarmConfig, apply_override
+from swarm_node.config import NodeConfig, SwarmConfig
+from swarm_node.config.toml_text import apply_override
 from swarm_node.util.errors import ConfigError, describe, one_line
 from swarm_node.observe.local_view import LiveView
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swarm_node.config import NodeConfig, apply_override
+from swarm_node.config import NodeConfig
+from swarm_node.config.toml_text import apply_override
 
 
 def test_overrides_parse_toml_values_and_bare_words():

@@ -197,6 +197,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("swarm_node.node",),
     ("swarm_node.experiment",),
     ("swarm_node.ops",),
+    ("swarm_node.__main__",),  # `python -m swarm_node`: the command line
 )
 LEAF_ORDER = ("swarm_node.metric_names", "protocol", "swarm_node.util", "swarm_node.config")  # leaves, among themselves
 

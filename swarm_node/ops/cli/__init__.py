@@ -152,7 +152,7 @@ def eval_(config: ConfigOpt = None, set_: SetOpt = None,
         from swarm_node.node.preflight import check_checkpoint_dir
 
         check_checkpoint_dir(checkpoint)
-    from swarm_node.node.assemble import run_eval
+    from swarm_node.ops.evaluate import run_eval
 
     result = run_eval(cfg, checkpoint=checkpoint, limit=limit, batch_size=batch_size,
                       max_new_tokens=max_new_tokens, progress=not as_json and sys.stderr.isatty())

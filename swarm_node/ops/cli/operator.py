@@ -31,7 +31,7 @@ def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")
          node_dir: Annotated[Path, typer.Option(help="Directory for the seeder's DHT identity.")] = Path("./seeder"),
          hold: Annotated[float, typer.Option(help="Seconds to keep serving and republishing; 0 = until Ctrl-C.")] = 0.0) -> None:
     """Publish a prompt set as a signed manifest plus content-addressed chunks."""
-    from swarm_node.node.assemble import run_seed
+    from swarm_node.ops.prompt_sets import run_seed
 
     setup_logging()
     run_seed(task=task, source=source, name=name, swarm_id=swarm_id, key_file=key_file,
@@ -50,7 +50,7 @@ def end_prompt_set(prompt_set_id: Annotated[str, typer.Argument(help="The id `sw
                    verbose: VerboseOpt = False) -> None:
     """End a seeded prompt set: store a tombstone signed by the operator key. Nodes stop re-storing the set
     (it lapses within one record TTL) and refuse to load it."""
-    from swarm_node.node.assemble import run_end_prompt_set
+    from swarm_node.ops.prompt_sets import run_end_prompt_set
 
     setup_logging(verbose)
     run_end_prompt_set(prompt_set_id=prompt_set_id, successor=successor, swarm_id=swarm_id, key_file=key_file,

@@ -1,0 +1,74 @@
+"""`swarm-node seed` and `swarm-node end-prompt-set`: an operator's signed prompt sets in the swarm
+(`swarm_node.swarm.prompts`), stored and kept alive, or ended with a tombstone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from swarm_node.config import SwarmConfig
+from swarm_node.node.assemble import start_transport, usable_maddrs
+
+
+def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
+             initial_peers: list[str], node_dir: Path, hold: float) -> None:
+    import time
+
+    from swarm_node.config import TaskConfig
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import seed_prompt_set
+    from swarm_node.tasks import load_prompt_set
+
+    prompt_set = load_prompt_set(TaskConfig(name=task, source=source))
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or f"{task}:{source or 'builtin'}",
+                                   operator, ttl_s=swarm_cfg.record_ttl_s)
+        print(f"prompt set id:     {manifest.prompt_set_id}")
+        print(f"problems:          {manifest.num_problems}")
+        print(f"operator key:      {public_key_text(operator)}")
+        for m in usable_maddrs(transport):
+            print(f"seeder listening:  {m}")
+        print("nodes join with: --set swarm.prompt_set_id=... --set swarm.prompt_set_owner=<operator key>")
+        deadline = time.monotonic() + hold if hold > 0 else float("inf")
+        while time.monotonic() < deadline:
+            time.sleep(min(swarm_cfg.record_ttl_s / 3, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() < deadline:
+                seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=swarm_cfg.record_ttl_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        transport.shutdown()
+
+
+def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,
+                       initial_peers: list[str], node_dir: Path, ttl_s: float | None) -> None:
+    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it and refuse to load it."""
+    from protocol import keys
+    from protocol.messages import ProtocolError
+    from swarm_node.util.errors import InputError
+    from swarm_node.swarm.identity import load_or_create_key, public_key_text
+    from swarm_node.swarm.prompts import end_prompt_set
+
+    try:
+        for name in (prompt_set_id, *([successor] if successor else [])):
+            keys.check_name(name, "prompt set id")
+    except ProtocolError as e:
+        raise InputError(str(e), "pass the id `swarm-node seed` printed") from e
+    if not key_file.exists():
+        raise InputError(f"operator key {key_file} not found",
+                         "pass the --key-file the set was seeded with (only its key can end the set)")
+    operator = load_or_create_key(key_file)
+    swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
+    transport = start_transport(swarm_cfg, node_dir)
+    try:
+        tombstone = end_prompt_set(transport, swarm_id, prompt_set_id, operator, successor=successor or "",
+                                   ttl_s=ttl_s or swarm_cfg.max_record_ttl_s, timeout=swarm_cfg.fetch_timeout_s)
+    finally:
+        transport.shutdown()
+    print(f"ended prompt set:  {tombstone.prompt_set_id}")
+    print(f"operator key:      {public_key_text(operator)}")
+    if tombstone.successor:
+        print(f"successor:         {tombstone.successor}")
+    print("nodes stop re-storing it at their next check; its records lapse within swarm.record_ttl_s after that")
