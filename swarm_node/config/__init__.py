@@ -14,38 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.messages import MAX_RECEIPTS, MAX_RECEIPTS_SPAN_S
+from swarm_node.config.objective import ObjectiveConfig
 from swarm_node.config.swarm import SwarmConfig
-from swarm_node.config.toml_text import apply_override, to_toml  # noqa: F401 (apply_override: importable from here too)
-
-LossVariant = Literal["grpo", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis"]
-Correction = Literal["none", "vis", "tis"]
-FilterSwitch = Literal["on", "off"]
-VARIANT_SWITCHES: dict[str, tuple[Correction, FilterSwitch]] = {  # old single names -> (correction, filter)
-    "grpo": ("none", "off"), "nois": ("none", "off"), "vis": ("vis", "off"), "tis": ("tis", "off"),
-    "f-nois": ("none", "on"), "f-vis": ("vis", "on"), "f-tis": ("tis", "on"),
-}
-
-
-def variant_name(correction: Correction, filter: FilterSwitch) -> str:
-    """The paper's name of two switches: `f-` when filtered, then nois, vis or tis (`f-tis`: tis, on)."""
-    return ("f-" if filter == "on" else "") + ("nois" if correction == "none" else correction)
-
-
-def switches_of_variant(data: dict[str, Any], where: str) -> dict[str, Any]:
-    """`data` with its `variant` (an old single name, kept) read into `correction` and `filter`; a switch
-    set beside it must agree, else one-line ValueError. `where` prefixes names ("objective.")."""
-    name = data.get("variant")
-    if not isinstance(name, str) or name not in VARIANT_SWITCHES:  # absent or unknown: the field's check
-        return data
-    data = dict(data)
-    for key, want in zip(("correction", "filter"), VARIANT_SWITCHES[name]):
-        if data.setdefault(key, want) != want:
-            c, f = VARIANT_SWITCHES[name]
-            raise ValueError(f"{where}variant={name!r} means correction={c!r}, filter={f!r}, but {where}{key}="
-                             f"{data[key]!r} is set: set only {where}correction and {where}filter (variant is "
-                             "their old single name)")
-    return data
-
+from swarm_node.config.toml_text import apply_override, to_toml
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -180,74 +151,6 @@ class GenerationConfig(_Section):
         return self
 
 
-class ObjectiveConfig(_Section):
-    """The loss family (docs/method.md) as two switches: the importance correction (none, vis, tis) and
-    the sample filter (on, off); the paper's NoIS, VIS, TIS, F-NoIS, F-VIS, F-TIS are their six pairs."""
-
-    correction: Correction = Field(
-        "tis", description="Importance correction of samples from another policy pi_gen: `none` treats them as "
-        "on-policy (NoIS); `vis`: pi_theta/pi_gen under the PPO clip; `tis` (default): the PPO term times "
-        "min(pi_theta_old/pi_gen, C), detached. On own on-policy samples all three are GRPO.")
-    filter: FilterSwitch = Field(
-        "on", description="`on` (default, the f-* variants): drop samples of `filter_scope` by `filter_rule` "
-        "(A <= 0, KL > g) after the group advantages; `off`: keep every sample.")
-    variant: LossVariant | None = Field(
-        None, description="Old single name of both switches, still accepted (a switch set beside it must agree): "
-        "nois, vis, tis = that correction, filter off; f-nois, f-vis, f-tis = filter on; `grpo` = none, off on a node "
-        "without peer samples (the isolated baseline: refused unless swarm.enabled=false or "
-        "swarm.max_peer_fraction=0, which is its new form with correction='none', filter='off').")
-    truncation_c: float = Field(2.0, gt=0, description="C: importance weights are truncated at C (TIS).")
-    clip_eps: float = Field(0.2, gt=0, lt=1, description="PPO clip epsilon for pi_theta/pi_theta_old (and VIS).")
-    kl_estimator: Literal["k3_gen", "k3_theta"] = Field(
-        "k3_gen",
-        description=(
-            "Per-token KL estimate on the sampled tokens, which come from pi_gen (`swarm_node.method.kl`). `k3_gen` "
-            "(default): r - 1 - log r, r = pi_theta/pi_gen, unbiased for KL(pi_gen||pi_theta) on pi_gen's samples "
-            "(summed over a completion: for its sequence-level KL); the default because it is the form that "
-            "estimates a KL on peers' samples. `k3_theta`: e^d - d - 1, d = log pi_gen - log pi_theta (the authors' "
-            "code): a KL(pi_theta||pi_gen) estimate only on pi_theta's samples, biased and heavy-tailed on peers'."
-        ),
-    )
-    kl_threshold: float = Field(
-        50.0, gt=0,
-        description=(
-            "g: samples in the filter scope with a per-sample KL > g meet the KL condition; read in `kl_reduction`'s "
-            "unit. 50 is the paper's g, read as a completion's KL in nats (`sum` of `k3_gen`): about 0.1-0.25 "
-            "nats/token for GSM8K-length answers, and rarely reached by completions of a few tokens; choose g from "
-            "the reported `kl_peer_*` distribution. The authors' code: k3_theta, `mean`, g = 5, filter_rule `and`."
-        ),
-    )
-    kl_reduction: Literal["sum", "mean"] = Field(
-        "sum",
-        description="How the per-token KL is reduced over valid completion tokens (`sum`: the completion's KL; "
-                    "`mean`: nats per token); g is read in this unit.",
-    )
-    filter_rule: Literal["or", "and"] = Field(
-        "or",
-        description=(
-            "Which samples of the filter scope the f-* variants drop: `or` (the paper's text, default): A <= 0 or "
-            "KL > g; `and` (the authors' published code): only A <= 0 and KL > g, so a close peer's "
-            "negative-advantage samples still teach what not to do."
-        ),
-    )
-    filter_scope: Literal["peers", "all"] = Field("peers", description="Filter peers' samples only, or own too.")
-    scale_by_std: bool = Field(True, description="Advantage = (r-mean)/(std+eps); false: r-mean only.")
-    advantage_eps: float = Field(1e-4, gt=0, description="eps in the advantage denominator.")
-    normalization: Literal["sequence", "token"] = Field(
-        "sequence", description="`sequence`: 1/G sum_i 1/|a_i| sum_t (paper); `token`: mean over all tokens."
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _legacy_variant(cls, data: Any) -> Any:
-        return switches_of_variant(data, "objective.") if isinstance(data, dict) else data
-
-    @property
-    def variant_name(self) -> str:
-        """For metrics and reports: `variant` when set (`grpo` stays `grpo`), else the switches' name."""
-        return self.variant or variant_name(self.correction, self.filter)
-
-
 class TrainConfig(_Section):
     """Optimizer, schedule and batch shape of one training step."""
 
@@ -341,6 +244,7 @@ class CheckpointConfig(_Section):
 
 EVAL_EVERY_STEPS = 10  # eval.every_steps when unset (benchmarks/eval_cost.py measured what it costs)
 EVAL_PROBLEMS_WITH_EVERY = 64  # eval.problems when eval.every_steps is set and eval.problems is not
+EVAL_PROBLEMS_AUTO = 64  # eval.problems when unset, where the node has a held-out set and evaluating pays
 
 
 class EvalConfig(_Section):
@@ -348,10 +252,12 @@ class EvalConfig(_Section):
     `every_steps` steps and after its last, on problems no node trains on
     (`swarm_node.tasks.heldout`), logged to `NODE_DIR/evals.jsonl` (evaluation/heldout.py)."""
 
-    problems: int = Field(
-        0, ge=0, le=100_000,
-        description="Held-out problems evaluated (0: no evaluation). `swarm-node local` sets 64 (--eval-problems); "
-                    "setting eval.every_steps without it sets 64.",
+    problems: int | None = Field(
+        None, ge=0, le=100_000,
+        description=f"Held-out problems evaluated (0: no evaluation). Unset: {EVAL_PROBLEMS_AUTO} where the task has "
+                    "a built-in held-out set (arithmetic) and the model is not a `tiny-random:` test model (one "
+                    "evaluation costs 4.6 of its steps and it answers nothing), else 0 (gsm8k, math500: "
+                    "`swarm-node eval` on their test split). `swarm-node local` sets it with --eval-problems.",
     )
     every_steps: int | None = Field(
         None, ge=0, le=1_000_000,
@@ -419,6 +325,9 @@ class NodeConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> NodeConfig:
+        if self.eval.problems is None:  # auto (EvalConfig.problems): resolved once, so dumps show the number
+            tiny = self.model.name.startswith("tiny-random:")
+            self.eval.problems = EVAL_PROBLEMS_AUTO if self.task.name == "arithmetic" and not tiny else 0
         if self.eval.problems and self.task.name != "arithmetic":
             raise ValueError(f"eval.problems needs a built-in held-out set, which only the arithmetic task has "
                              f"(task.name is {self.task.name!r}): set eval.problems=0 and use `swarm-node eval`")

@@ -38,10 +38,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from swarm_node.config import (
-    Correction, FilterSwitch, GenerationConfig, NodeConfig, SwarmConfig, TaskConfig, TrainConfig, apply_override,
-    VARIANT_SWITCHES, switches_of_variant, variant_name,
+from swarm_node.config import GenerationConfig, NodeConfig, SwarmConfig, TaskConfig, TrainConfig
+from swarm_node.config.objective import (
+    VARIANT_SWITCHES, Correction, FilterSwitch, switches_of_variant, variant_name,
 )
+from swarm_node.config.toml_text import apply_override
 from swarm_node.experiment.warmup import WarmupSpec
 
 DEFAULT_CACHE = Path("~/.cache/swarm-node/experiment")
@@ -306,6 +307,7 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
         data.setdefault("generation", {})["temperature"] = node.temperature
     if node.levels is not None:
         data.setdefault("task", {})["levels"] = node.levels
+    data.setdefault("eval", {}).setdefault("problems", 0)  # the experiment evaluates its checkpoints itself
     swarm = data.setdefault("swarm", {})
     swarm["swarm_id"] = f"exp-s{seed}"  # salts prompt selection: the same prompts in every arm of a seed
     swarm["collaboration"] = arm.collaboration

@@ -68,8 +68,11 @@ def test_limits_come_from_the_nodes_caps() -> None:
 
 
 def test_node_demand_counts_a_steps_groups_and_the_evaluation() -> None:
-    cfg = NodeConfig.load(None, ["train.prompts_per_step=3", "generation.group_size=12", "generation.max_new_tokens=64"])
+    cfg = NodeConfig.load(None, ["train.prompts_per_step=3", "generation.group_size=12", "generation.max_new_tokens=64",
+                                 "eval.problems=0"])
     assert node_demand(cfg) == EngineDemand(sequences=36, max_new_tokens=64)
+    on = NodeConfig.load(None, ["train.prompts_per_step=3", "generation.group_size=12", "generation.max_new_tokens=64"])
+    assert node_demand(on).sequences == max(36, min(on.eval.problems, on.eval.batch_size * ROUND_BATCHES))  # by default
     cfg = NodeConfig.load(None, ["train.prompts_per_step=1", "generation.group_size=4", "generation.max_new_tokens=32",
                                  "eval.problems=64", "eval.batch_size=4", "eval.max_new_tokens=96"])
     assert node_demand(cfg) == EngineDemand(sequences=min(64, 4 * ROUND_BATCHES), max_new_tokens=96)
