@@ -61,6 +61,8 @@ PEER_GROUPS = "peer_groups"
 SAMPLES = "samples"
 REWARD_MEAN_ALL = "reward_mean_all"
 COMPLETION_TOKENS = "completion_tokens"
+LONGEST_PROMPT = "longest_prompt_tokens"
+LONGEST_COMPLETION = "longest_completion_tokens"
 TOKENS = "tokens"
 ACTIVE_TOKENS = "active_tokens"
 PEER_TOKENS = "peer_tokens"
@@ -187,6 +189,10 @@ METRICS: dict[str, str] = {
     SAMPLES: "Samples in the step's batch the objective counted: own_samples + peer_samples.",
     REWARD_MEAN_ALL: "Mean reward over every sample handed to the trainer, peers' included.",
     COMPLETION_TOKENS: "Completion tokens of every sample handed to the trainer.",
+    LONGEST_PROMPT: "Tokens of the longest prompt among the samples scored with gradient (the memory plan's "
+                    "prompt length; doctor reads it).",
+    LONGEST_COMPLETION: "Tokens of the longest completion among the samples scored with gradient (the memory "
+                        "plan's completion length).",
     TOKENS: "Valid completion tokens of the scored samples.",
     ACTIVE_TOKENS: "Scored tokens that can carry gradient (valid, of a sample the filter kept).",
     PEER_TOKENS: "Valid completion tokens of peers' scored samples.",

@@ -13,6 +13,10 @@ its tokenizer is at hand without loading the model, else `generation.max_prompt_
 fits. Gradient checkpointing is switched on when nothing fits without it and something fits with
 it. When nothing fits, the node is refused with one line naming what would fit: LoRA, a smaller
 token cap or G, a smaller model (`swarm-node doctor` shows the plan part by part).
+
+The plan is a worst case: every completion at `generation.max_new_tokens`. Once a node has trained,
+`observed_lengths(node_dir)` reads the longest prompt and completion its steps logged, and the same
+plan at those lengths is what the node is expected to use (`doctor` shows both).
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from swarm_node import metric_names as m
 from swarm_node.config import ModelConfig, NodeConfig
 from swarm_node.util.errors import InputError
+from swarm_node.util.jsonl import read_rows
 from swarm_node.policy import memory
 from swarm_node.policy.memory import GIB, MemoryPlan, ModelShape, Part, Precision, gib
 
@@ -123,7 +129,7 @@ def generator_kind(cfg: NodeConfig) -> Literal["hf", "vllm"]:
 
 
 def _generator_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precision, prompt: int,
-                     gpu_total: int | None, kind: str) -> list[Part]:
+                     gpu_total: int | None, kind: str, completion: int) -> list[Part]:
     g = cfg.generation
     if kind == "vllm":
         if device == "cuda":
@@ -134,7 +140,7 @@ def _generator_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precisi
         return [Part("generator", "static", shape.params * gen_bytes + g.vllm_kv_cache_gib * GIB,
                      f"vLLM: its weights + {g.vllm_kv_cache_gib} GiB KV cache")]
     rows = min(g.batch_size, cfg.train.prompts_per_step * g.group_size)
-    new = g.max_new_tokens
+    new = completion
     if cfg.eval.problems:
         rows, new = max(rows, cfg.eval.batch_size), max(new, cfg.eval.max_new_tokens or 0)
     return memory.generation_parts(shape, p, device="cuda" if device == "cuda" else "cpu",
@@ -144,19 +150,39 @@ def _generator_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precisi
 
 def node_plan(cfg: NodeConfig, shape: ModelShape, device: str, *, micro_batch: int | None = None,
               checkpointing: bool | None = None, prompt_tokens: int | None = None, gpu_total: int | None = None,
-              generator: str | None = None) -> MemoryPlan:
-    """The plan of a node with `cfg` (micro-batch and checkpointing as configured unless given)."""
+              generator: str | None = None, completion_tokens: int | None = None) -> MemoryPlan:
+    """The plan of a node with `cfg` (micro-batch and checkpointing as configured unless given), with
+    every completion at `completion_tokens` (unset: generation.max_new_tokens, the worst case)."""
     m = micro_batch if micro_batch is not None else cfg.train.micro_batch_size or max_rows(cfg)
     ckpt = cfg.train.gradient_checkpointing if checkpointing is None else checkpointing
     prompt = prompt_tokens or cfg.generation.max_prompt_tokens
+    new = completion_tokens or cfg.generation.max_new_tokens
     p = precision_of(cfg.model, device)
     lora = memory.Lora(cfg.model.lora.rank, tuple(cfg.model.lora.target_modules)) if cfg.model.lora.enabled else None
     plan = memory.step_plan(shape, device="cuda" if device == "cuda" else "cpu", micro_batch=min(m, max_rows(cfg)),
-                            prompt_tokens=prompt, completion_tokens=cfg.generation.max_new_tokens, precision=p,
+                            prompt_tokens=prompt, completion_tokens=new, precision=p,
                             lora=lora, gradient_checkpointing=ckpt)
     plan = replace(plan, micro_batch=m)
     return memory.with_parts(plan, _generator_parts(cfg, shape, device, p, prompt, gpu_total,
-                                                    generator or generator_kind(cfg)))
+                                                    generator or generator_kind(cfg), new))
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The longest prompt and completion a node trained on, over the steps of its metrics log."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    steps: int
+
+
+def observed_lengths(node_dir: Path) -> Observed | None:
+    """What the node's `metrics.jsonl` says of its longest sequences (None: no step logged them yet)."""
+    rows = [r for r in read_rows(Path(node_dir)) if m.LONGEST_COMPLETION in r and m.LONGEST_PROMPT in r]
+    if not rows:
+        return None
+    return Observed(int(max(r[m.LONGEST_PROMPT] for r in rows)), int(max(r[m.LONGEST_COMPLETION] for r in rows)),
+                    len(rows))
 
 
 # ---- fitting it to the machine ------------------------------------------------------------------

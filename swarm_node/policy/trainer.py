@@ -70,6 +70,7 @@ from swarm_node.policy.trainer_batch import (
     peer_sample_stats,
     prepare_batch,
     sample_metrics,
+    scored_length_metrics,
 )
 from swarm_node.policy.types import SampleStat, TrainSample
 
@@ -168,7 +169,7 @@ class Trainer:
         finally:
             model.train(was_training)
         self.step_count += 1
-        return m.merge(stats.to_dict(), sample_metrics(samples), first, {
+        return m.merge(stats.to_dict(), sample_metrics(samples), scored_length_metrics(batch), first, {
             m.LR: lr,
             m.OPTIMIZER_STEPS: float(optimizer_steps),
             m.SKIPPED: float(optimizer_steps == 0),

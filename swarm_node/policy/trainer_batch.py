@@ -14,7 +14,8 @@
      longest completions first.
 The helpers after it read a batch for the trainer: the chunk ids a micro-batch passes to the
 objective (`micro_batch_chunk_ids`), per peer sample what the objective measured of it
-(`peer_sample_stats`), and the batch composition metrics (`sample_metrics`).
+(`peer_sample_stats`), the batch composition metrics (`sample_metrics`) and the scored lengths
+(`scored_length_metrics`).
 """
 
 from __future__ import annotations
@@ -157,3 +158,11 @@ def sample_metrics(samples: Sequence[TrainSample]) -> dict[str, float]:
         m.CROSSTOK_SAMPLES: float(len(crosstok)),
         m.CROSSTOK_TOKENS_PER_CHUNK: sum(len(c) for c in crosstok) / chunks if chunks else 0.0,
     }
+
+
+def scored_length_metrics(batch: Batch) -> dict[str, float]:
+    """The longest prompt and completion among the samples scored with gradient: what sizes the
+    step's activations and logits (the memory plan's lengths; `doctor` reads them back)."""
+    scored = [i for mb in batch.micro_batches for i in mb]
+    return {m.LONGEST_PROMPT: float(max((len(batch.prompts[i]) for i in scored), default=0)),
+            m.LONGEST_COMPLETION: float(max((len(batch.completions[i]) for i in scored), default=0))}

@@ -102,10 +102,24 @@ def test_memory_shows_the_plan_by_part_and_what_fits(tmp_path, monkeypatch):
     r = dc.check_memory(cfg)
     assert r.status == dc.PASS and "micro-batch 8" in r.detail and "135M parameters" in r.detail
     names = [line.split()[0] for line in r.more]
-    assert names[:4] == ["baseline", "weights", "optimizer", "gradients"] and names[-1] == "peak"
-    total = mb.node_plan(cfg, mb.EMBEDDED_SHAPE, "cpu", prompt_tokens=mb.longest_prompt_tokens(
-        cfg, dc.preflight.check_task_data(cfg))).total
-    assert mb.gib(total) in r.detail and mb.gib(total) in r.more[-1]
+    assert names[:4] == ["baseline", "weights", "optimizer", "gradients"] and names[-2:] == ["peak", "expected"]
+    prompt = mb.longest_prompt_tokens(cfg, dc.preflight.check_task_data(cfg))
+    total = mb.node_plan(cfg, mb.EMBEDDED_SHAPE, "cpu", prompt_tokens=prompt).total
+    assert mb.gib(total) in r.detail and mb.gib(total) in r.more[-2]
+    assert "worst case" in r.more[-1]  # no steps logged yet: nothing to expect from
+    # after steps whose longest sequences were short, the plan at those lengths is shown beside the worst case
+    (tmp_path / "node").mkdir()
+    rows = [{"step": 1, "longest_prompt_tokens": prompt, "longest_completion_tokens": 40},
+            {"step": 2, "longest_prompt_tokens": prompt - 3, "longest_completion_tokens": 64}, {"step": 3}]
+    (tmp_path / "node" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"torn')
+    seen = mb.observed_lengths(tmp_path / "node")
+    assert (seen.prompt_tokens, seen.completion_tokens, seen.steps) == (prompt, 64, 2)
+    r = dc.check_memory(cfg)
+    expected = mb.node_plan(cfg, mb.EMBEDDED_SHAPE, "cpu", prompt_tokens=prompt, completion_tokens=64).total
+    assert expected < 0.8 * total
+    assert r.more[-1].split()[:2] == ["expected", mb.gib(expected).split()[0]] and "completion 64 tokens" in r.more[-1]
+    assert "over 2 logged steps" in r.more[-1]
+    (tmp_path / "node" / "metrics.jsonl").unlink()
     shown = doctor.render_line(doctor.run_checks([doctor.Check("memory", True, lambda: r)])[0])
     assert "\n       activations" in shown
     monkeypatch.setattr(mb, "machine_budget", lambda device: mb.Budget("cpu", 2 * gib, 2 * gib, "RAM"))

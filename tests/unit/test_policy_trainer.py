@@ -98,6 +98,16 @@ def test_step_raises_the_advantage_weighted_likelihood(cache: Path) -> None:
     assert objective() > before
     assert metrics["reward_mean"] == 0.375 and metrics["own_samples"] == 8 and metrics["peer_samples_used"] == 0
     assert metrics["tokens"] == sum(len(s.completion_ids) for s in samples)
+    # the lengths the memory plan sizes by, as doctor reads them back (node.memory_budget.observed_lengths)
+    assert metrics["longest_completion_tokens"] == max(len(s.completion_ids) for s in samples)
+    assert metrics["longest_prompt_tokens"] == max(len(s.prompt_ids) for s in samples)
+    # a group whose rewards are all equal carries no gradient and is not scored: its lengths do not count
+    flat = [replace(s, group_key="flat", reward=0.0, prompt_ids=np.concatenate([s.prompt_ids] * 3),
+                    completion_ids=np.concatenate([s.completion_ids] * 3),
+                    generator_logprobs=np.concatenate([s.generator_logprobs] * 3)) for s in samples[:4]]
+    again = trainer.step([*samples, *flat])
+    assert again["longest_completion_tokens"] == max(len(s.completion_ids) for s in samples)
+    assert again["longest_prompt_tokens"] == max(len(s.prompt_ids) for s in samples)
     # On-policy: the trainer's ratio to the generator is 1 (same weights, same quantity).
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
 

@@ -15,7 +15,7 @@ from swarm_node.node import memory_budget as mb
 from swarm_node.node import preflight
 from swarm_node.config import NodeConfig
 from swarm_node.util.errors import SwarmNodeError, describe, one_line
-from swarm_node.policy.memory import MemoryPlan
+from swarm_node.policy.memory import MemoryPlan, ModelShape
 
 PASS, WARN, FAIL, SKIP = "pass", "warn", "fail", "skip"
 GIB = 1 << 30
@@ -178,7 +178,20 @@ def check_memory(cfg: NodeConfig) -> Result:
     tokens = f"prompt {prompt or cfg.generation.max_prompt_tokens}" + ("" if prompt else " (max_prompt_tokens)")
     return Result(PASS, f"~{mb.gib(plan.total)} planned for {shape.params / 1e6:.0f}M parameters, {how}, {tokens} + "
                   f"{cfg.generation.max_new_tokens} tokens; {mb.gib(budget.available)} of {mb.gib(budget.total)} "
-                  f"{budget.where} available", "", plan_lines(plan))
+                  f"{budget.where} available", "", (*plan_lines(plan), *expected_lines(cfg, shape, budget, chosen)))
+
+
+def expected_lines(cfg: NodeConfig, shape: ModelShape, budget: mb.Budget, chosen: mb.Fit) -> tuple[str, ...]:
+    """The plan at the lengths this node's own steps reached (its metrics log), beside the worst case."""
+    seen = mb.observed_lengths(cfg.node_dir)
+    if seen is None:
+        return (f"{'expected':<20} {'?':>10}  the peak is a worst case (every completion at max_new_tokens); after "
+                "the node's first steps doctor also shows the plan at the lengths it generated",)
+    plan = mb.node_plan(cfg, shape, budget.device, micro_batch=chosen.micro_batch,
+                        checkpointing=chosen.gradient_checkpointing, prompt_tokens=seen.prompt_tokens,
+                        completion_tokens=seen.completion_tokens, gpu_total=budget.total)
+    return (f"{'expected':<20} {mb.gib(plan.total):>10}  at this node's longest sequences so far: prompt "
+            f"{seen.prompt_tokens} + completion {seen.completion_tokens} tokens over {seen.steps} logged steps",)
 
 
 def plan_lines(plan: MemoryPlan) -> tuple[str, ...]:
