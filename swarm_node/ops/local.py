@@ -109,7 +109,7 @@ def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
             base[k] = v
 
 
-def _node_config(shared: dict[str, Any], node: dict[str, Any], index: int, run_dir: Path, steps: int,
+def node_config(shared: dict[str, Any], node: dict[str, Any], index: int, run_dir: Path, steps: int,
                  bootstrap: list[str], overrides: list[str], eval_problems: int = 0) -> NodeConfig:
     name = node.get("name", f"node{index}")
     try:
@@ -195,7 +195,7 @@ def run_local(*, nodes: int | None, steps: int, config: Path | None, run_dir: Pa
     run_dir = Path(run_dir or Path("runs") / time.strftime("local-%Y%m%d-%H%M%S"))
     shared, per_node = plan_nodes(nodes, config)
     # Validate and check every node's config before starting anything, so a typo costs nothing.
-    probe = [_node_config(shared, n, i, run_dir, steps, [], overrides, eval_problems) for i, n in enumerate(per_node)]
+    probe = [node_config(shared, n, i, run_dir, steps, [], overrides, eval_problems) for i, n in enumerate(per_node)]
     _preflight(probe, run_dir)
 
     t0 = time.monotonic()
@@ -207,7 +207,7 @@ def run_local(*, nodes: int | None, steps: int, config: Path | None, run_dir: Pa
         maddrs = [str(m) for m in bootstrap.visible_maddrs]
         console.print(f"bootstrap DHT: {maddrs[0] if maddrs else '?'}  run dir: {run_dir}", soft_wrap=True)
         for i, node in enumerate(per_node):
-            cfg = _node_config(shared, node, i, run_dir, steps, maddrs, overrides, eval_problems)
+            cfg = node_config(shared, node, i, run_dir, steps, maddrs, overrides, eval_problems)
             procs.append(_start_node(cfg, node["name"]))
         lifecycle.on_stop(stop_signal.append)  # Ctrl-C or SIGTERM: stop the nodes cleanly
         failed = _watch(procs, view, stop_signal)

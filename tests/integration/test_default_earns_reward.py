@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from swarm_node.node.assemble import build_parts
-from swarm_node.ops.local import _node_config, plan_nodes
+from swarm_node.ops.local import node_config, plan_nodes
 from swarm_node.node.loop import Node
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~1-2 min: two steps of the 135M model
@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]  # ~1-2 min: two steps
 
 def test_embedded_default_has_a_mixed_group_within_two_steps(tmp_path):
     shared, nodes = plan_nodes(None, None)
-    cfg = _node_config(shared, nodes[0], 0, tmp_path, 2, [], ["swarm.enabled=false", "swarm.max_peer_fraction=0.0"])
+    cfg = node_config(shared, nodes[0], 0, tmp_path, 2, [], ["swarm.enabled=false", "swarm.max_peer_fraction=0.0"])
     assert cfg.model.name == "smollm2-135m" and cfg.task.worked_example  # the shipped defaults
     parts, start = build_parts(cfg)
     node = Node(parts, start_step=start)

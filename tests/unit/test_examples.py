@@ -52,13 +52,13 @@ def test_paper_replication_nodes():
 
 def local_node_configs(path: Path) -> dict[str, NodeConfig]:
     """Resolve the local swarm file with the loader `swarm-node local` uses."""
-    from swarm_node.ops.local import _node_config, plan_nodes
+    from swarm_node.ops.local import node_config, plan_nodes
 
     shared, per_node = plan_nodes(2, path)
     for node in per_node:
         assert set(node) <= {"name", "set"}, f"[[node]] {node}: unknown keys"
     peers = ["/ip4/127.0.0.1/tcp/1/p2p/QmZGKCaWuyavctPW61FfXeT86Y4s5jMJ6j13J1BVRP6Rop"]
-    return {node["name"]: _node_config(shared, node, i, Path("runs/test"), 6, peers, [])
+    return {node["name"]: node_config(shared, node, i, Path("runs/test"), 6, peers, [])
             for i, node in enumerate(per_node)}
 
 
@@ -69,12 +69,12 @@ def test_local_cpu_swarm_file():
     assert all(c.model.name == "smollm2-135m" and c.task.name == "arithmetic" for c in cfgs.values())
     assert cfgs["lora"].train.learning_rate > cfgs["full"].train.learning_rate
     # the file writes out the command's defaults: resolving it changes nothing
-    from swarm_node.ops.local import DEFAULT_NODES, _node_config, plan_nodes
+    from swarm_node.ops.local import DEFAULT_NODES, node_config, plan_nodes
 
     shared, per_node = plan_nodes(2, None)
     assert per_node == DEFAULT_NODES
     peers = ["/ip4/127.0.0.1/tcp/1/p2p/QmZGKCaWuyavctPW61FfXeT86Y4s5jMJ6j13J1BVRP6Rop"]
-    defaults = {n["name"]: _node_config(shared, n, i, Path("runs/test"), 6, peers, []) for i, n in enumerate(per_node)}
+    defaults = {n["name"]: node_config(shared, n, i, Path("runs/test"), 6, peers, []) for i, n in enumerate(per_node)}
     assert {k: v.model_dump() for k, v in cfgs.items()} == {k: v.model_dump() for k, v in defaults.items()}
 
 

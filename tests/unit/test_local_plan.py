@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swarm_node.util.errors import ConfigError
-from swarm_node.ops.local import _node_config, bootstrap_swarm_config, plan_nodes
+from swarm_node.ops.local import node_config, bootstrap_swarm_config, plan_nodes
 
 
 def _configs(tmp_path, overrides=(), per_node=None, eval_problems=64):
@@ -13,7 +13,7 @@ def _configs(tmp_path, overrides=(), per_node=None, eval_problems=64):
     if per_node is not None:
         for node, extra in zip(nodes, per_node, strict=True):
             node["set"] = [*node["set"], *extra]
-    return [_node_config(shared, n, i, tmp_path, 4, [], list(overrides), eval_problems) for i, n in enumerate(nodes)]
+    return [node_config(shared, n, i, tmp_path, 4, [], list(overrides), eval_problems) for i, n in enumerate(nodes)]
 
 
 def test_bootstrap_replica_shares_the_nodes_schedule(tmp_path):

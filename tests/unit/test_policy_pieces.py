@@ -76,7 +76,7 @@ def test_tiny_pieces_split_characters_into_bytes() -> None:
 def smollm2() -> Iterator[Any]:
     from transformers import AutoTokenizer
 
-    cached = models.cache_root(models.ModelConfig()) / models._EMBEDDED_DIR
+    cached = models.cache_root(models.ModelConfig()) / models.EMBEDDED_DIR
     if cached.is_dir():
         yield AutoTokenizer.from_pretrained(cached)
         return
