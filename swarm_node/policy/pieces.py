@@ -112,7 +112,7 @@ def completion_text(tokenizer: Any, token_ids: Sequence[int] | np.ndarray) -> tu
         if text != _decode(tokenizer, ids):  # the table disagrees with the tokenizer: trust neither
             return None
     else:
-        decoded = _pieces_by_prefix(tokenizer, ids, table.special)
+        decoded = pieces_by_prefix(tokenizer, ids, table.special)
         if decoded is None:
             return None
         text, lengths = decoded
@@ -128,7 +128,7 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-def _pieces_by_prefix(tokenizer: Any, ids: list[int], special: frozenset[int]) -> tuple[str, list[int]] | None:
+def pieces_by_prefix(tokenizer: Any, ids: list[int], special: frozenset[int]) -> tuple[str, list[int]] | None:
     """Pieces from decoding growing prefixes (O(T^2) characters; for tokenizers that are not
     byte-level). None when a prefix's text is not a prefix of the next one's."""
     lengths, stable = [], ""

@@ -67,9 +67,9 @@ def smollm2_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     from swarm_node.config import ModelConfig
-    from swarm_node.policy.models import _EMBEDDED_DIR, cache_root
+    from swarm_node.policy.models import EMBEDDED_DIR, cache_root
 
-    path = cache_root(ModelConfig()) / _EMBEDDED_DIR
+    path = cache_root(ModelConfig()) / EMBEDDED_DIR
     if not (path / "tokenizer.json").is_file():
         pytest.skip(f"the embedded SmolLM2 model is not converted at {path}")
     return AutoTokenizer.from_pretrained(path)

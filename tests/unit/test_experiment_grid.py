@@ -215,16 +215,16 @@ def test_peer_lag_holds_writes_back(tmp_path):
 def test_swarm_mode_file_reproduces_each_node_config(spec, tmp_path):
     import tomllib
 
-    from swarm_node.ops.local import _node_config, plan_nodes
+    from swarm_node.ops import local
 
     configs = [(n.name, node_config(spec, n, spec.arms[1], 3, i, tmp_path / n.name, n.model or "tiny-random:32x1"))
                for i, n in enumerate(spec.nodes)]
     path = tmp_path / "local.toml"
     path.write_text(local_file(configs, every=2, steps=2))
     assert tomllib.loads(path.read_text())["nodes"] == 2
-    shared, per_node = plan_nodes(2, path)
+    shared, per_node = local.plan_nodes(2, path)
     for i, (name, cfg) in enumerate(configs):
-        got = _node_config(shared, per_node[i], i, tmp_path / "run", 2, [], [])
+        got = local.node_config(shared, per_node[i], i, tmp_path / "run", 2, [], [])
         assert per_node[i]["name"] == name
         assert got.model == cfg.model and got.objective == cfg.objective and got.train == cfg.train
         assert got.task == cfg.task and got.generation == cfg.generation

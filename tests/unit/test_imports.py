@@ -148,7 +148,7 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def private_uses(files: dict[str, Path], root: Path = ROOT) -> list[str]:
+def private_uses(files: dict[str, Path], root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """Every use of another product module's `_private` name: imported (`from m import _x`, a module
     `m._x`), or read off an imported module (`m._x` where `m` names a module of the product)."""
     out = []
@@ -156,7 +156,7 @@ def private_uses(files: dict[str, Path], root: Path = ROOT) -> list[str]:
         where = path.relative_to(root)
         aliases: dict[str, str] = {}  # local name -> product module it names
         for imp in imports_of(name, path, files):
-            if imp.target.split(".")[0] not in PACKAGES:
+            if imp.target.split(".")[0] not in packages:
                 continue
             if any(_private(part) for part in imp.target.split(".")[1:]):
                 out.append(f"{where}:{imp.line}: module {imp.target}")
@@ -250,3 +250,16 @@ def test_imports_run_down_the_layers():
 def test_at_most_eight_modules_directly_in_swarm_node():
     top = sorted(p.name for p in (ROOT / "swarm_node").glob("*.py"))
     assert len(top) <= 8, f"modules directly in swarm_node/ (find them a package): {top}"
+
+
+def test_tests_take_no_private_name_of_the_product():
+    """Tests use what the product makes public (a renamed private name would otherwise break only in
+    the test run that imports it)."""
+    files = dict(module_files())
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        files[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    product = tuple(f"{p}." for p in PACKAGES)
+    found = [u for u in private_uses(files, packages=(*PACKAGES, "tests")) if u.startswith("tests/")
+             and u.split(": ", 1)[1].split(" from ")[-1].removeprefix("module ").startswith(product)]
+    assert not found, "tests using the product's private names:\n" + "\n".join(found)

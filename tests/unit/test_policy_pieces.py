@@ -40,7 +40,7 @@ def check_exact(tok: Any, text: str) -> tuple[str, np.ndarray]:
     assert b"".join(raw) == text.encode("utf-8")
     # An independent method agrees: what each token adds to the decoded prefix, where a token
     # ending inside a character leaves that character to the token that completes it.
-    by_prefix = pieces._pieces_by_prefix(tok, ids, table.special)
+    by_prefix = pieces.pieces_by_prefix(tok, ids, table.special)
     assert by_prefix is not None and by_prefix[0] == text
     assert np.cumsum(by_prefix[1]).tolist() == _floor_to_characters(text, np.cumsum(lengths).tolist())
     return out, lengths
