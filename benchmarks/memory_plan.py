@@ -76,6 +76,18 @@ def _samples(job: dict[str, Any], vocab: int) -> list[Any]:
     return out
 
 
+def given_samples(rows: list[list[Any]]) -> list[Any]:
+    """A batch passed in the job: [prompt ids, completion ids, generator logprobs, reward, group key] each."""
+    import numpy as np
+
+    from swarm_node.policy.types import TrainSample
+
+    return [TrainSample(group_key=g, prompt_ids=np.asarray(p, dtype=np.int64),
+                        completion_ids=np.asarray(c, dtype=np.int64),
+                        generator_logprobs=np.asarray(lp, dtype=np.float32), reward=r, is_peer=False)
+            for p, c, lp, r, g in rows]
+
+
 def _allocated_peak(trainer: Any, samples: list[Any]) -> int:
     """Live tensor bytes at the allocator's peak during one more step: the bytes alive before it
     (weights, AdamW's moments) plus the running sum of the profiler's allocation events."""
@@ -123,7 +135,8 @@ def measure(job: dict[str, Any]) -> dict[str, Any]:
                                      compute_dtype=job.get("compute_dtype", "auto"),
                                      lora=LoraConfig(enabled=bool(job.get("lora")))))
     loaded = rss()
-    samples = _samples(job, policy.model.get_output_embeddings().weight.shape[0])
+    samples = (given_samples(job["samples"]) if "samples" in job
+               else _samples(job, policy.model.get_output_embeddings().weight.shape[0]))
     trainer = Trainer(policy, TrainConfig(learning_rate=1e-6, micro_batch_size=job["rows"],
                                           gradient_checkpointing=bool(job.get("checkpointing"))),
                       ObjectiveConfig(), temperature=1.0)
@@ -150,9 +163,11 @@ def peak_rss_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
-def run_child(job: dict[str, Any]) -> dict[str, Any]:
+def run_child(job: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`measure(job)` in a fresh interpreter, so its peak RSS is the step's alone (also the device
+    check's CPU measurement: `job["samples"]` then holds its batch)."""
     proc = subprocess.run([sys.executable, "-m", "benchmarks.memory_plan", "--child", json.dumps(job)],
-                          capture_output=True, text=True, check=False, env={**os.environ})
+                          capture_output=True, text=True, check=False, env=env or {**os.environ})
     if proc.returncode != 0:
         raise RuntimeError(f"{job['name']}: measurement failed:\n{proc.stderr.strip()[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -80,7 +80,8 @@ SMOKE_TESTED = {"wire", "collect_rollouts", "scale", "swarm", "objective", "gene
 def test_every_listed_benchmark_has_a_smoke_test():
     listed = listed_benchmarks()
     assert {"wire", "objective", "swarm", "scale", "generation", "train_step", "status"} <= listed  # the parse works
-    missing = [n for n in sorted(listed) if not (ROOT / "benchmarks" / f"{n}.py").is_file()]
+    missing = [n for n in sorted(listed) if not (ROOT / "benchmarks" / f"{n}.py").is_file()
+               and not (ROOT / "benchmarks" / n / "__main__.py").is_file()]
     assert not missing, f"the docs name benchmarks that do not exist: {missing}"
     untested = sorted(listed - SMOKE_TESTED - set(NOT_SMOKE_TESTED))
     assert not untested, f"listed benchmarks without a smoke test here: {untested}"

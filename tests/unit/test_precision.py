@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.gpu_check import changed_elements, watch_step
+from benchmarks.gpu_check.proofs import changed_elements, watch_step
 from swarm_node.config import ModelConfig, NodeConfig, ObjectiveConfig, TrainConfig
 from swarm_node.policy.models import load_policy
 from swarm_node.policy.precision import resolve_compute_dtype, resolve_dtype, resolve_param_dtype
