@@ -6,18 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-
 from protocol.validate import TOKENIZER_MISMATCH, ValidationLimits, validate_group
 from swarm_node.peers.ledger import PeerLedger
-from swarm_node.policy.generation import GeneratedCompletion
 from swarm_node.policy.pieces import byte_level_alphabet, completion_text, faithful_prefix
 from swarm_node.policy.tiny import build_tiny_tokenizer
 from swarm_node.swarm.admission import EXCLUDED, HONEST_REASONS, Reputation, is_fault
 from swarm_node.swarm.memory import MemorySwarm
 from swarm_node.swarm.tokenizers import TokenizerCensus
 from tests.unit.test_node_loop import make_node
-from tests.unit.test_send_text import capture_published
+from tests.unit.test_send_text import answer_with, capture_published
 
 
 def byte_token(tok, b: int) -> int:
@@ -75,19 +72,8 @@ def test_census_wants_text_until_a_peer_is_known() -> None:
 
 def cut_answers(node) -> None:
     """Make `node` generate completions whose last token cuts "\u00e9" in two (the token cap)."""
-    tok, generator = node.parts.policy.tokenizer, node.parts.generator
-    original = generator.generate
-
-    def generate(prompt_ids, n):
-        out = original(prompt_ids, n)
-        for group in out:
-            for k, _ in enumerate(group):
-                ids = tok.encode(f"x = {k}", add_special_tokens=False) + [byte_token(tok, 0xC3)] * (k == 0)
-                group[k] = GeneratedCompletion(token_ids=np.array(ids, np.int64),
-                                               logprobs=np.full(len(ids), -1.0, np.float32), finish_reason="length")
-        return out
-
-    generator.generate = generate
+    answer_with(node, lambda tok, k: tok.encode(f"x = {k}", add_special_tokens=False) + [byte_token(tok, 0xC3)] * (k == 0),
+                -1.0, "length")
 
 
 def test_one_cut_completion_does_not_silence_its_group(tmp_path: Path) -> None:

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,22 +35,30 @@ def capture_published(node: Node) -> list[RolloutGroup]:
 UNICODE_ANSWERS = ["caf\u00e9 = 4", "\u6771\u4eac 7", "\U0001f600 2", "x\u00b2=9"]
 
 
-def speak_unicode(node: Node) -> None:
-    """Make `node`'s generator answer with unicode text (a random tiny model samples random bytes,
-    mostly not UTF-8, for which no text is sent): tokens of UNICODE_ANSWERS, then eos."""
+def answer_with(node: Node, ids_of: Callable[[Any, int], list[int]], logprob: float, finish_reason: str) -> None:
+    """Make `node`'s generator answer the k-th completion of every group with `ids_of(tokenizer, k)`
+    (each token's logprob `logprob`), after sampling as usual."""
     tok, generator = node.parts.policy.tokenizer, node.parts.generator
     original = generator.generate
 
     def generate(prompt_ids, n):
         out = original(prompt_ids, n)
         for group in out:
-            for k, c in enumerate(group):
-                ids = [*tok.encode(UNICODE_ANSWERS[k % 4], add_special_tokens=False), tok.eos_token_id]
+            for k, _ in enumerate(group):
+                ids = ids_of(tok, k)
                 group[k] = GeneratedCompletion(token_ids=np.array(ids, np.int64),
-                                               logprobs=np.full(len(ids), -1.5, np.float32), finish_reason="stop")
+                                               logprobs=np.full(len(ids), logprob, np.float32),
+                                               finish_reason=finish_reason)
         return out
 
     generator.generate = generate
+
+
+def speak_unicode(node: Node) -> None:
+    """Make `node`'s generator answer with unicode text (a random tiny model samples random bytes,
+    mostly not UTF-8, for which no text is sent): tokens of UNICODE_ANSWERS, then eos."""
+    answer_with(node, lambda tok, k: [*tok.encode(UNICODE_ANSWERS[k % 4], add_special_tokens=False), tok.eos_token_id],
+                -1.5, "stop")
 
 
 def assert_exact_text(node: Node, group: RolloutGroup) -> None:
