@@ -243,8 +243,8 @@ class CheckpointConfig(_Section):
 
 
 EVAL_EVERY_STEPS = 10  # eval.every_steps when unset (benchmarks/eval_cost.py measured what it costs)
-EVAL_PROBLEMS_WITH_EVERY = 64  # eval.problems when eval.every_steps is set and eval.problems is not
-EVAL_PROBLEMS_AUTO = 64  # eval.problems when unset, where the node has a held-out set and evaluating pays
+EVAL_PROBLEMS = 64  # eval.problems when unset: where the node has a held-out set and evaluating pays, or
+                    # wherever eval.every_steps alone asks for a trend
 
 
 class EvalConfig(_Section):
@@ -254,7 +254,7 @@ class EvalConfig(_Section):
 
     problems: int | None = Field(
         None, ge=0, le=100_000,
-        description=f"Held-out problems evaluated (0: no evaluation). Unset: {EVAL_PROBLEMS_AUTO} where the task has "
+        description=f"Held-out problems evaluated (0: no evaluation). Unset: {EVAL_PROBLEMS} where the task has "
                     "a built-in held-out set (arithmetic) and the model is not a `tiny-random:` test model (one "
                     "evaluation costs 4.6 of its steps and it answers nothing), else 0 (gsm8k, math500: "
                     "`swarm-node eval` on their test split). `swarm-node local` sets it with --eval-problems.",
@@ -275,16 +275,16 @@ class EvalConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _problems_for_every(cls, data: Any) -> Any:
-        """eval.every_steps > 0 alone asks for evaluations: give it EVAL_PROBLEMS_WITH_EVERY problems."""
+        """eval.every_steps > 0 alone asks for evaluations: give it EVAL_PROBLEMS problems."""
         if isinstance(data, dict) and data.get("every_steps") and "problems" not in data:
-            return {**data, "problems": EVAL_PROBLEMS_WITH_EVERY}
+            return {**data, "problems": EVAL_PROBLEMS}
         return data
 
     @model_validator(mode="after")
     def _check_every(self) -> EvalConfig:
         if self.every_steps and not self.problems:
             raise ValueError(f"eval.every_steps={self.every_steps} needs held-out problems but eval.problems=0: "
-                             f"set eval.problems (e.g. {EVAL_PROBLEMS_WITH_EVERY}) or remove eval.every_steps")
+                             f"set eval.problems (e.g. {EVAL_PROBLEMS}) or remove eval.every_steps")
         return self
 
     @property
@@ -327,7 +327,7 @@ class NodeConfig(_Section):
     def _check(self) -> NodeConfig:
         if self.eval.problems is None:  # auto (EvalConfig.problems): resolved once, so dumps show the number
             tiny = self.model.name.startswith("tiny-random:")
-            self.eval.problems = EVAL_PROBLEMS_AUTO if self.task.name == "arithmetic" and not tiny else 0
+            self.eval.problems = EVAL_PROBLEMS if self.task.name == "arithmetic" and not tiny else 0
         if self.eval.problems and self.task.name != "arithmetic":
             raise ValueError(f"eval.problems needs a built-in held-out set, which only the arithmetic task has "
                              f"(task.name is {self.task.name!r}): set eval.problems=0 and use `swarm-node eval`")

@@ -15,16 +15,14 @@ log = logging.getLogger(__name__)
 def run_eval(cfg: NodeConfig, *, checkpoint: Path | None, limit: int, batch_size: int,
              max_new_tokens: int, progress: bool) -> dict[str, Any]:
     from swarm_node.evaluation.evaluate import evaluate
-    from swarm_node.policy.greedy import ROUND_BATCHES
-    from swarm_node.policy.checkpoint import load_weights
+    from swarm_node.node import preflight
+    from swarm_node.policy.checkpoint import checkpoint_model_config, load_weights
     from swarm_node.policy.generation import make_generator
+    from swarm_node.policy.greedy import ROUND_BATCHES
     from swarm_node.policy.models import load_policy
     from swarm_node.policy.vllm_engine import EngineDemand
     from swarm_node.tasks import make_reward_fn
     from swarm_node.tasks.prompt_lengths import longest_prompt
-
-    from swarm_node.node import preflight
-    from swarm_node.policy.checkpoint import checkpoint_model_config
 
     model_cfg = cfg.model
     if checkpoint is not None:

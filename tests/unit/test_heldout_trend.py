@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from swarm_node import metric_names as m
-from swarm_node.config import EVAL_EVERY_STEPS, EVAL_PROBLEMS_AUTO, NodeConfig
+from swarm_node.config import EVAL_EVERY_STEPS, EVAL_PROBLEMS, NodeConfig
 from swarm_node.evaluation.heldout import due, eval_metrics, latest_metrics, read_evals
 from swarm_node.evaluation.stats import IMPROVED, NO_CHANGE, PAIRED
 
@@ -26,7 +26,7 @@ def test_schedule_every_n_steps_and_after_the_last():
 
 
 def test_every_steps_config():
-    assert NodeConfig().eval.problems == EVAL_PROBLEMS_AUTO and NodeConfig().eval.period == EVAL_EVERY_STEPS
+    assert NodeConfig().eval.problems == EVAL_PROBLEMS and NodeConfig().eval.period == EVAL_EVERY_STEPS
     cfg = NodeConfig.load(None, ["eval.every_steps=5"])
     assert (cfg.eval.problems, cfg.eval.period) == (64, 5)  # asking for a trend alone gives it 64 problems
     assert NodeConfig.load(None, ["eval.problems=8", "eval.every_steps=0"]).eval.period == 0
@@ -44,13 +44,13 @@ def test_evaluation_is_on_by_default_where_the_node_has_a_held_out_set_and_it_pa
     """Unset eval.problems: 64 on the embedded model's arithmetic, 0 for a tiny test model (an evaluation
     costs several of its steps and it answers nothing) and for tasks without a built-in held-out set;
     an explicit value always wins, and the resolved number is what a dump holds."""
-    assert NodeConfig.load(None, []).eval.problems == EVAL_PROBLEMS_AUTO
+    assert NodeConfig.load(None, []).eval.problems == EVAL_PROBLEMS
     assert NodeConfig.load(None, ['model.name="tiny-random:64x2"']).eval.problems == 0
     gsm = NodeConfig.load(None, ['task.name="gsm8k"', 'task.source="x.jsonl"'])
     assert gsm.eval.problems == 0
     assert NodeConfig.load(None, ["eval.problems=0"]).eval.problems == 0
     assert NodeConfig.load(None, ['model.name="tiny-random:64x2"', "eval.problems=8"]).eval.problems == 8
-    assert json.loads(NodeConfig().model_dump_json())["eval"]["problems"] == EVAL_PROBLEMS_AUTO
+    assert json.loads(NodeConfig().model_dump_json())["eval"]["problems"] == EVAL_PROBLEMS
 
 
 class RecordingEvaluator:
