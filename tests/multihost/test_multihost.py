@@ -1,4 +1,4 @@
-"""Several hosts on one machine (network namespaces, see netns.py), real `swarm-node` processes with
+"""Several hosts on one machine (network namespaces, see benchmarks/netns.py), real `swarm-node` processes with
 tiny models:
 
     boot   10.213.k.10  `swarm-node bootstrap`
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.multihost.netns import Topology, missing_requirements
+from benchmarks.netns import Topology, missing_requirements
 from tests.procs import jsonl_rows, tiny_toml, wait_until
 
 HERE = Path(__file__).resolve().parent

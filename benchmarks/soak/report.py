@@ -1,0 +1,378 @@
+"""The soak's measurements, read from its run directory (see `run.py` for what each file holds).
+
+`summarise` returns the JSON object the benchmark prints; `goals` holds each goal of the soak next
+to what was measured. Node times are DHT times, which on one machine are wall-clock times.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.soak.plan import (MAX_GROUPS_PER_PEER, MAX_PEER_GROUPS, PROMPTS_PER_STEP, STALENESS, WINDOW_S,
+                                  SoakPlan)
+
+RECOVERY_KINDS = ("restart", "thaw", "reconnect", "late_join")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written
+    return rows
+
+
+def metrics_rows(node_dir: Path) -> list[dict[str, Any]]:
+    """A node's metrics rows (rows of steps re-run after a restart are moved aside by the node)."""
+    return read_jsonl(node_dir / "metrics.jsonl")
+
+
+def gini(values: list[float]) -> float:
+    xs = sorted(values)
+    n, total = len(xs), sum(xs)
+    if n == 0 or total == 0:
+        return 0.0
+    return sum((2 * i - n + 1) * x for i, x in enumerate(xs)) / (n * total)
+
+
+def slope_per_hour(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (time s, value) in value per hour."""
+    if len(points) < 3:
+        return 0.0
+    ts, vs = [p[0] for p in points], [p[1] for p in points]
+    mt, mv = statistics.fmean(ts), statistics.fmean(vs)
+    den = sum((t - mt) ** 2 for t in ts)
+    return 3600 * sum((t - mt) * (v - mv) for t, v in zip(ts, vs)) / den if den else 0.0
+
+
+def peer_ids(run_dir: Path, plan: SoakPlan) -> dict[str, str]:
+    """peer id -> node name, for the training nodes that started."""
+    from swarm_node.swarm.identity import IDENTITY_FILENAME, load_or_create_key
+
+    out = {}
+    for n in plan.nodes:
+        key = run_dir / n.name / IDENTITY_FILENAME
+        if key.exists():
+            out[load_or_create_key(key).peer_id] = n.name
+    return out
+
+
+def light_ids(run_dir: Path) -> set[str]:
+    return {r["peer"] for path in sorted((run_dir / "light").glob("light-*.jsonl")) for r in read_jsonl(path)}
+
+
+def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = metrics_rows(run_dir / name)
+    if not rows:
+        return {"steps": 0}
+    minutes = (rows[-1]["time"] - rows[0]["time"]) / 60 if len(rows) > 1 else 0.0
+    after = rows[3:]
+    took = [r for r in after if r.get("peer_groups", 0) > 0]
+    mine = [s for s in samples if s["name"] == name]
+    # RSS growth over the longest stretch of one process, from its 5th minute (after start-up).
+    by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for s in mine:
+        by_pid[s["pid"]].append(s)
+    longest = max(by_pid.values(), key=lambda v: v[-1]["time"] - v[0]["time"]) if by_pid else []
+    settled = [s for s in longest if s["time"] - longest[0]["time"] >= 300] or longest
+    rss = [(s["time"], s["rss_kib"] / 1024) for s in settled]
+    slope = slope_per_hour(rss)
+    mean_rss = statistics.fmean(v for _, v in rss) if rss else 0.0
+    io = [(s["time"], s["daemon_io"]) for s in longest if s["daemon_io"] > 0]
+    steps_in = [r for r in rows if io and io[0][0] <= r["time"] <= io[-1][0]]
+    daemon_bytes_per_step = ((io[-1][1] - io[0][1]) / 2 / max(1, len(steps_in))) if len(io) > 1 and steps_in else None
+
+    def mean(key: str) -> float:
+        return round(statistics.fmean(r.get(key, 0.0) for r in rows), 3)
+
+    return {
+        "steps": len(rows), "last_step": int(rows[-1]["step"]),
+        "steps_per_minute": round(len(rows) / minutes, 2) if minutes else None,
+        "took_peer_group_fraction": round(len(took) / len(after), 3) if after else None,
+        "peer_samples_gradient_per_step": mean("peer_samples_gradient"),
+        "peer_groups_per_step": mean("peer_groups"),
+        "rss_mib_start": round(rss[0][1]) if rss else None, "rss_mib_end": round(rss[-1][1]) if rss else None,
+        "rss_growth_per_hour": round(slope / mean_rss, 4) if mean_rss else None,
+        "rss_span_minutes": round((longest[-1]["time"] - longest[0]["time"]) / 60, 1) if longest else 0,
+        "payload_bytes_per_step": round(statistics.fmean(r.get("bytes_sent", 0) + r.get("bytes_received", 0)
+                                                         for r in rows)),
+        "daemon_bytes_per_step": round(daemon_bytes_per_step) if daemon_bytes_per_step else None,
+        "index_read_failures_per_step": mean("index_read_failures"),
+        "store_failures_per_step": mean("store_failures"),
+        "gen_seconds_mean": mean("gen_seconds"), "step_seconds_mean": mean("step_seconds"),
+        "drops": {k[len("total_dropped_"):]: v for k, v in rows[-1].items() if k.startswith("total_dropped_") and v},
+    }
+
+
+def recoveries(run_dir: Path, events: list[dict[str, Any]], ids: dict[str, str],
+               ledgers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each restart, thaw, reconnect and late join: seconds to the node's first step that took
+    a peer group, and to the first ledger read in which another node had taken one more of its groups."""
+    name_to_id = {v: k for k, v in ids.items()}
+    out = []
+    for e in events:
+        if e["kind"] not in RECOVERY_KINDS:
+            continue
+        name, t0 = e["node"], e["time"]
+        rows = [r for r in metrics_rows(run_dir / name) if r["time"] > t0]
+        first = next((r["time"] for r in rows if r.get("peer_groups", 0) > 0), None)
+        pid = name_to_id.get(name)
+        taken_at = None
+        if pid is not None:
+            last: dict[str, int] = {}
+            for snap in ledgers:
+                if snap["node"] == name:
+                    continue
+                n = snap["taken"].get(pid, 0)
+                prev = last.get(snap["node"])
+                last[snap["node"]] = n
+                if snap["time"] > t0 and prev is not None and n > prev:
+                    taken_at = snap["time"]
+                    break
+        out.append({"event": e["kind"], "node": name, "minute": e["minute"],
+                    "to_first_peer_group_s": round(first - t0, 1) if first else None,
+                    "to_first_group_taken_s": round(taken_at - t0, 1) if taken_at else None})
+    return out
+
+
+def fairness(ledgers: list[dict[str, Any]], ids: dict[str, str], light: set[str]) -> dict[str, Any]:
+    """Each sender's share of all groups taken (the receivers' last ledger reads), light and
+    training peers apart; every known peer counts, taken or not."""
+    final: dict[str, dict[str, int]] = {}
+    for snap in ledgers:
+        final[snap["node"]] = snap["taken"]
+    taken: dict[str, int] = defaultdict(int)
+    for receiver in final.values():
+        for sender, n in receiver.items():
+            taken[sender] += n
+    out = {}
+    for label, senders in (("light", light), ("training", set(ids))):
+        counts = [taken.get(s, 0) for s in senders]
+        total = sum(counts)
+        if not counts or total == 0:
+            out[label] = {"senders": len(counts), "taken": total}
+            continue
+        mean = total / len(counts)
+        out[label] = {"senders": len(counts), "taken": total, "never_taken": sum(c == 0 for c in counts),
+                      "max_over_mean": round(max(counts) / mean, 2), "gini": round(gini(counts), 3),
+                      "shares": sorted((round(c / total, 4) for c in counts), reverse=True)}
+    out["by_training_sender"] = {ids[s]: taken.get(s, 0) for s in ids}
+    return out
+
+
+def exclusions(run_dir: Path, plan: SoakPlan, ids: dict[str, str], light: set[str]) -> dict[str, Any]:
+    """Peers any node's ledger marks excluded, and excluded_peer drops, by honest peer."""
+    found, faults = [], []
+    for n in plan.nodes:
+        try:
+            data = json.loads((run_dir / n.name / "peer_ledger.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for row in data.get("peers", []):
+            peer = row.get("peer_id")
+            if peer not in ids and peer not in light:
+                continue
+            if row.get("dropped", {}).get("excluded_peer", 0):
+                found.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
+                              "excluded_drops": row["dropped"]["excluded_peer"]})
+            if row.get("reputation", {}).get("faults", 0) > 0:
+                faults.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
+                               "faults": row["reputation"]["faults"],
+                               "dropped": row.get("dropped", {})})
+    drops = 0
+    for n in plan.nodes:
+        rows = metrics_rows(run_dir / n.name)
+        drops += int(rows[-1].get("total_dropped_excluded_peer", 0)) if rows else 0
+    return {"excluded": found, "excluded_peer_drops": drops, "faults_against_honest": faults}
+
+
+def checkpoints_after_kills(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each kill: the newest checkpoint before it, the step the restart resumed from (its log
+    line), damaged checkpoints skipped, and the steps redone."""
+    import re
+
+    out = []
+    for e in [e for e in events if e["kind"] == "kill"]:
+        log = (run_dir / e["node"] / "node.log").read_text(errors="replace")
+        newest = max((int(m.group(1)) for c in e["checkpoints"] if (m := re.search(r"(\d+)", c))), default=0)
+        restarts = [r for r in events if r["kind"] == "restart" and r["node"] == e["node"] and r["time"] > e["time"]]
+        resumed = None
+        if restarts:
+            # the resume line of the restarted process: the first one after its pid's start
+            pid = restarts[0]["pid"]
+            tail = log.split(f"pid {pid}")[-1] if f"pid {pid}" in log else log
+            found = re.findall(r"resumed from checkpoint at step (\d+)", tail)
+            resumed = int(found[-1]) if found else (0 if newest == 0 else None)
+        out.append({"node": e["node"], "minute": e["minute"], "last_step": e["last_step"],
+                    "newest_checkpoint": newest, "resumed_from": resumed,
+                    "intact": resumed == newest, "steps_redone": e["last_step"] - resumed if resumed is not None else None,
+                    "damaged_skipped": "damaged checkpoint" in log})
+    return out
+
+
+def status_reads(run_dir: Path, light: set[str], ids: dict[str, str]) -> list[dict[str, Any]]:
+    out = []
+    for r in read_jsonl(run_dir / "status.jsonl"):
+        shown = set(r["peer_ids"])
+        out.append({"label": r["label"], "seconds": round(r["seconds"], 2), "records": r["records"],
+                    "exit_code": r["exit_code"], "light_shown": len(shown & light), "light_peers": len(light),
+                    "training_shown": len(shown & set(ids)), "live": r["live_processes"]})
+    return out
+
+
+def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, Any]],
+                    ledgers: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each (sender, receiver) pair that `status --given` shows after the nodes stopped: whether
+    the receipt's `taken` equals what the receiver's ledger counted over the receipt's span. A
+    receipt's span starts at the receiver's (re)start when that is within the ring's span: then the
+    ledger's count over it is its final count less its count when that process started (the file it
+    loaded: the last ledger read before the start), and the comparison is exact. Pairs whose span
+    began later (the ring rolled over) are compared against the ledger read nearest the span's start."""
+    name_to_id = {v: k for k, v in ids.items()}
+    finals: dict[str, dict[str, int]] = {}
+    for name in name_to_id:
+        try:
+            rows = json.loads((run_dir / name / "peer_ledger.json").read_text()).get("peers", [])
+            finals[name_to_id[name]] = {r["peer_id"]: r.get("taken", 0) for r in rows if "peer_id" in r}
+        except (OSError, ValueError):
+            pass
+    starts = defaultdict(list)
+    for e in events:
+        if e["kind"] in ("start", "restart", "late_join"):
+            starts[e["node"]].append(e["time"])
+
+    def ledger_at(node: str, t: float, sender: str) -> int:
+        before = [s for s in ledgers if s["node"] == node and s["time"] <= t]
+        return before[-1]["taken"].get(sender, 0) if before else 0
+
+    pairs, agree, exact_pairs, mismatches = 0, 0, 0, []
+    for row in read_jsonl(run_dir / "given.jsonl"):
+        sender = name_to_id.get(row["node"])
+        for rec in (row["given"].get("receivers", []) if isinstance(row["given"], dict) else []):
+            receiver = rec.get("receiver")
+            if receiver not in finals or sender is None:
+                continue  # a light peer's receipts: it keeps no ledger
+            name = ids[receiver]
+            began = rec["timestamp"] - rec["span_s"]
+            started = max((t for t in starts[name] if t <= rec["timestamp"]), default=0.0)
+            exact = began <= started + 60  # the book started with the process (it starts a few s after)
+            base = ledger_at(name, started if exact else began, sender)
+            want = finals[receiver].get(sender, 0) - base
+            pairs += 1
+            exact_pairs += exact
+            if rec.get("taken") == want:
+                agree += 1
+            else:
+                mismatches.append({"sender": row["node"], "receiver": name, "receipt_taken": rec.get("taken"),
+                                   "ledger_taken_in_span": want, "exact_span": exact})
+    return {"pairs": pairs, "agree": agree, "pairs_span_from_process_start": exact_pairs,
+            "mismatches": mismatches[:20]}
+
+
+def heldout_trend(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    seen, out = set(), []
+    for r in metrics_rows(run_dir / name):
+        if "eval_accuracy" in r and r.get("eval_step") not in seen:
+            seen.add(r.get("eval_step"))
+            out.append({"step": int(r.get("eval_step", 0)), "accuracy": r["eval_accuracy"],
+                        "lo": r.get("eval_lo"), "hi": r.get("eval_hi"), "n": r.get("eval_n")})
+    return out
+
+
+def scale_prediction(peers: int, steps_per_window: float) -> dict[str, Any]:
+    """benchmarks.scale's model at this swarm's size and settings (sharded index)."""
+    import argparse
+
+    from benchmarks.scale import Model, Sizes
+
+    args = argparse.Namespace(groups=PROMPTS_PER_STEP, max_groups=MAX_PEER_GROUPS, max_per_peer=MAX_GROUPS_PER_PEER,
+                              staleness=STALENESS, replicas=5, peers_per_shard=16, shards_per_read=1,
+                              rounds_per_window=max(1, round(steps_per_window)))
+    res = Model(peers, "sharded", args, Sizes.measure(), 0).run(rounds=4, warmup=4)
+    return {"peers": peers, "rounds_per_window": args.rounds_per_window,
+            "bytes_per_node_round": res["bytes_per_node_round"],
+            "payload_bytes_in_per_node_round": res["payload_bytes_in_per_node_round"]}
+
+
+def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
+    """The soak's JSON object: per node, recoveries, fairness, bytes against the scale model,
+    status reads, receipts against ledgers, exclusions, checkpoints, the held-out trend, and the goals."""
+    events = read_jsonl(run_dir / "events.jsonl")
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    ledgers = read_jsonl(run_dir / "ledgers.jsonl")
+    ids, light = peer_ids(run_dir, plan), light_ids(run_dir)
+    nodes = {n.name: {"role": n.role, **node_summary(run_dir, n.name, samples)} for n in plan.nodes}
+    light_rows = [r for path in sorted((run_dir / "light").glob("light-*.jsonl")) for r in read_jsonl(path)]
+    light_rss = [node_summary_rss(samples, f"light-{k}") for k in range(plan.light_processes)]
+    steady = [v for v in nodes.values() if v.get("steps", 0) > 3 and v["role"] in ("train", "cut", "late")]
+    spw = statistics.median(v["steps_per_minute"] * WINDOW_S / 60 for v in steady if v.get("steps_per_minute")) \
+        if steady else 1.0
+    predicted = scale_prediction(plan.peers, spw)
+    for v in nodes.values():
+        if v.get("daemon_bytes_per_step"):
+            v["daemon_bytes_vs_scale_model"] = round(v["daemon_bytes_per_step"] / predicted["bytes_per_node_round"], 2)
+    rec = recoveries(run_dir, events, ids, ledgers)
+    fair = fairness(ledgers, ids, light)
+    excl = exclusions(run_dir, plan, ids, light)
+    kills = checkpoints_after_kills(run_dir, events)
+    status = status_reads(run_dir, light, ids)
+    given = given_agreement(run_dir, ids, events, ledgers)
+    slow = next((n.name for n in plan.nodes if n.role == "slow"), None)
+    smol = next((n.name for n in plan.nodes if n.role == "smollm2"), None)
+    name_to_id = {v: k for k, v in ids.items()}
+    slow_taken = fair["by_training_sender"].get(slow) if slow else None
+    training = [v for v in nodes.values() if v["role"] != "slow" and v.get("took_peer_group_fraction") is not None]
+    windows = 2 * WINDOW_S
+    goals = {
+        "honest_exclusions_0": not excl["excluded"] and excl["excluded_peer_drops"] == 0,
+        "no_checkpoint_lost": all(k["intact"] and not k["damaged_skipped"] for k in kills),
+        "took_peer_group_90pct": all(v["took_peer_group_fraction"] >= 0.9 for v in training),
+        "recovery_within_two_windows": all(r["to_first_peer_group_s"] is not None and r["to_first_peer_group_s"]
+                                           <= windows for r in rec),
+        "status_within_2s_all_shown": bool(status) and all(s["seconds"] <= 2.0 and s["exit_code"] == 0
+                                                           and s["light_shown"] == s["light_peers"] for s in status),
+        "bytes_within_1_5x_of_model": all(0 < v.get("daemon_bytes_vs_scale_model", 0) <= 1.5
+                                          for v in nodes.values() if v.get("daemon_bytes_per_step")),
+        "rss_growth_at_most_5pct_hour": all(v["rss_growth_per_hour"] is None or v["rss_growth_per_hour"] <= 0.05
+                                            for v in nodes.values() if v.get("rss_span_minutes", 0) >= 10),
+        "no_sender_over_3x_mean": all(f.get("max_over_mean", 0) <= 3.0 for k, f in fair.items()
+                                      if k in ("light", "training")),
+        "receipts_agree_with_ledgers": given["pairs"] > 0 and given["agree"] == given["pairs"],
+        "slow_node_groups_taken": bool(slow_taken) if slow else None,
+    }
+    return {
+        "benchmark": "soak", "run_dir": str(run_dir), "minutes": plan.minutes,
+        "peers": {"total": plan.peers, "training": len(plan.nodes), "light": plan.light_peers,
+                  "light_seen": len(light)},
+        "events": [{k: e[k] for k in ("minute", "kind") } | {"node": e.get("node", "")} for e in events
+                   if e["kind"] in ("kill", "restart", "freeze", "thaw", "cut", "reconnect", "late_join", "seed",
+                                    "end_prompt_set", "exited", "cut_skipped")],
+        "nodes": nodes, "light": {"rss": light_rss, "publishes": len(light_rows),
+                                  "gathered_mean": round(statistics.fmean(r["gathered"] for r in light_rows), 2)
+                                  if light_rows else None},
+        "recoveries": rec, "fairness": fair, "exclusions": excl, "kills": kills, "status": status,
+        "given_vs_ledger": given, "scale_model": predicted, "steps_per_window_median": round(spw, 2),
+        "slow_node": {"name": slow, "peer_id": name_to_id.get(slow), "groups_taken_by_others": slow_taken,
+                      **({k: nodes[slow].get(k) for k in ("steps", "gen_seconds_mean", "step_seconds_mean")}
+                         if slow else {})},
+        "heldout": heldout_trend(run_dir, smol) if smol else [],
+        "goals": goals,
+    }
+
+
+def node_summary_rss(samples: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    mine = [s for s in samples if s["name"] == name]
+    if not mine:
+        return {"name": name}
+    settled = [s for s in mine if s["time"] - mine[0]["time"] >= 300] or mine
+    pts = [(s["time"], s["rss_kib"] / 1024) for s in settled]
+    mean = statistics.fmean(v for _, v in pts)
+    return {"name": name, "rss_mib_start": round(pts[0][1]), "rss_mib_end": round(pts[-1][1]),
+            "rss_growth_per_hour": round(slope_per_hour(pts) / mean, 4) if mean else None}

@@ -1,0 +1,464 @@
+"""Runs the soak's swarm: processes, the chaos schedule, and what is sampled while it runs.
+
+Everything is a real process: `swarm-node bootstrap`, `swarm-node seed` (the operator),
+`swarm-node join` per training node, `benchmarks.soak.light_peers` per group of light peers,
+`swarm-node status` and `swarm-node end-prompt-set` when the schedule says. As root, every process
+runs inside network namespaces this run creates (`benchmarks.netns`: a "core" host for all but one
+node, a "cut" host whose cable the schedule unplugs); otherwise everything listens on loopback and
+the cut is skipped with its reason. The run directory gets:
+
+    events.jsonl     every chaos event and process start, with wall time
+    samples.jsonl    every SAMPLE_S: each process tree's RSS and its p2p daemon's socket I/O
+    ledgers.jsonl    every LEDGER_S: each node's peer ledger (taken per sender)
+    status.jsonl     each `swarm-node status` read: wall time and the records it showed
+    given.jsonl      at the end: `status --given` for each training node
+    <node>/          each node's directory (config, node.log, metrics.jsonl, checkpoints, ledger)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.soak.plan import (MAX_GROUPS_PER_PEER, MAX_NEW_TOKENS, PROMPTS_PER_STEP, SHARED, STALENESS, SWARM_ID,
+                                  SYSTEM_PROMPT, WINDOW_S, GROUP_SIZE, NodePlan, SoakPlan)
+
+SAMPLE_S = 10.0
+LEDGER_S = 15.0
+PY = sys.executable
+
+
+@dataclass
+class Proc:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    role: str
+    started: float
+
+
+def _jsonl(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (from /proc/<pid>/task/*/children)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _io(pid: int) -> int:
+    try:
+        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        return int(fields["rchar"]) + int(fields["wchar"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Soak:
+    def __init__(self, plan: SoakPlan, run_dir: Path, log=print) -> None:
+        self.plan, self.run_dir, self.log = plan, run_dir, log
+        self.t0 = time.time()
+        self.procs: dict[str, Proc] = {}
+        self.aux: list[subprocess.Popen] = []  # bootstrap, seeders, light peers
+        self.topo = None
+        self.skipped: dict[str, str] = {}
+        self.frozen: set[str] = set()
+        self.host = "127.0.0.1"
+        self.cut_host = "127.0.0.1"
+        self.warm: dict[str, Path] = {}
+        self.bootstrap: list[str] = []
+        self.prompt_sets: list[str] = []
+        self.operator_key = run_dir / "operator.key"
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+    # ---- set-up ------------------------------------------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> None:
+        row = {"time": time.time(), "minute": round((time.time() - self.t0) / 60, 2), "kind": kind, **fields}
+        _jsonl(self.run_dir / "events.jsonl", row)
+        self.log(f"[{row['minute']:6.2f} min] {kind} {json.dumps(fields)}")
+
+    def network(self) -> None:
+        from benchmarks.netns import Topology, missing_requirements
+
+        why = missing_requirements()
+        if why is not None:
+            self.skipped["cut"] = f"network cut skipped: {why}; every process listens on loopback"
+            return
+        self.topo = Topology.create(public=["core", "cut"], natted=[], rate_limited={})
+        self.host, self.cut_host = self.topo.host("core").ip, self.topo.host("cut").ip
+        self.event("network", core=self.host, cut=self.cut_host, namespaces=self.topo.namespaces)
+
+    def prefix(self, role: str) -> list[str]:
+        if self.topo is None:
+            return []
+        return self.topo.exec_args("cut" if role == "cut" else "core")
+
+    def warm_models(self) -> None:
+        from benchmarks.soak.plan import SYSTEM_PROMPT
+        from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model
+
+        cache = self.run_dir.parent / "soak-warm-cache"
+        for base in sorted({n.warm for n in self.plan.nodes if n.warm}):
+            t = time.time()
+            spec = WarmupSpec(base=base, levels=(1,), steps=self.plan.warm_steps, system_prompt=SYSTEM_PROMPT)
+            self.warm[base] = ensure_warm_model(spec, cache, log=lambda *_: None)
+            self.event("warm_model", base=base, path=str(self.warm[base]), seconds=round(time.time() - t, 1))
+
+    def _spawn(self, args: list[str], log: Path, role: str = "core", nice: int = 0,
+               env: dict[str, str] | None = None) -> subprocess.Popen:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        full = [*self.prefix(role), *(["nice", "-n", str(nice)] if nice else []), *args]
+        with open(log, "ab") as f:
+            return subprocess.Popen(full, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1",
+                                         "HF_HUB_DISABLE_PROGRESS_BARS": "1", **(env or {})})
+
+    @staticmethod
+    def _wait_line(log: Path, pattern: str, timeout: float, proc: subprocess.Popen) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(pattern, log.read_text(errors="replace")) if log.exists() else None
+            if m:
+                return m
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+        raise RuntimeError(f"no line matching {pattern!r} in {log} within {timeout:.0f}s:\n{tail}")
+
+    def start_bootstrap(self) -> None:
+        log = self.run_dir / "bootstrap" / "bootstrap.log"
+        p = self._spawn([PY, "-m", "swarm_node", "bootstrap", "--node-dir", str(self.run_dir / "bootstrap"),
+                         "--swarm-id", SWARM_ID, "--host-maddr", f"/ip4/{self.host}/tcp/0"], log)
+        self.aux.append(p)
+        m = self._wait_line(log, r"join through (\S+)", 120, p)
+        self.bootstrap = [m.group(1)]
+        self.event("bootstrap", maddr=self.bootstrap[0], pid=p.pid)
+
+    def seed(self, name: str, task_seed: int) -> str:
+        log = self.run_dir / f"seeder-{name}" / "seed.log"
+        args = [PY, "-m", "swarm_node", "seed", "--task", "arithmetic", "--name", name, "--swarm-id", SWARM_ID,
+                "--key-file", str(self.operator_key), "--node-dir", str(log.parent), "--hold", "0",
+                "--initial-peer", self.bootstrap[0]]
+        if task_seed:
+            args += ["--task-seed", str(task_seed)]
+        p = self._spawn(args, log)
+        self.aux.append(p)
+        set_id = self._wait_line(log, r"prompt set id:\s+(\S+)", 180, p).group(1)
+        self.write_prompt_file(set_id, task_seed)
+        self.prompt_sets.append(set_id)
+        self.event("seed", name=name, prompt_set_id=set_id, pid=p.pid)
+        return set_id
+
+    def write_prompt_file(self, set_id: str, task_seed: int) -> None:
+        """The problems the light peers answer: (sha256 of the question, answer) by index."""
+        from swarm_node.config import TaskConfig
+        from swarm_node.tasks import load_prompt_set
+
+        ps = load_prompt_set(TaskConfig(name="arithmetic", seed=task_seed))
+        if ps.id != set_id:
+            raise RuntimeError(f"the seeded set {set_id} is not the arithmetic set of seed {task_seed} ({ps.id})")
+        data = {"id": ps.id, "problems": [[p.sha256, p.answer] for p in ps.problems]}
+        tmp = self.run_dir / "prompt_set.json.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.run_dir / "prompt_set.json")
+
+    # ---- nodes -------------------------------------------------------------------------------
+
+    def node_dir(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def write_config(self, node: NodePlan) -> Path:
+        from swarm_node.config import NodeConfig
+        from swarm_node.config.toml_text import apply_override
+        from swarm_node.swarm.identity import load_or_create_key, public_key_text
+        from swarm_node.util.atomic import atomic_write_text
+
+        data: dict[str, Any] = {}
+        for item in [*SHARED, *node.set]:
+            apply_override(data, item)
+        if node.warm:
+            data.setdefault("model", {})["name"] = str(self.warm[node.warm])
+        host = self.cut_host if node.role == "cut" else self.host
+        swarm = data.setdefault("swarm", {})
+        swarm.update(initial_peers=self.bootstrap, host_maddrs=[f"/ip4/{host}/tcp/0"],
+                     prompt_set_id=self.prompt_sets[0], prompt_set_owner=public_key_text(load_or_create_key(self.operator_key)))
+        data["node_dir"] = str(self.node_dir(node.name))
+        cfg = NodeConfig.model_validate(data)
+        path = self.node_dir(node.name) / "node.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, cfg.dump_toml())
+        return path
+
+    def start_node(self, node: NodePlan, why: str = "start") -> None:
+        config = self.node_dir(node.name) / "node.toml"
+        if not config.exists():
+            config = self.write_config(node)
+        log = self.node_dir(node.name) / "node.log"
+        p = self._spawn([PY, "-m", "swarm_node", "join", "--config", str(config)], log, role=node.role, nice=node.nice)
+        self.procs[node.name] = Proc(node.name, p, log, node.role, time.time())
+        self.event(why, node=node.name, pid=p.pid, role=node.role)
+
+    def start_light(self) -> None:
+        from swarm_node.policy import tiny
+        from swarm_node.policy.models import tokenizer_fingerprint
+
+        tok = tiny.build_tiny_tokenizer("a")
+        char_ids = {chr(c): tok.encode(chr(c), add_special_tokens=False) for c in range(32, 127)}
+        if any(len(ids) != 1 for ids in char_ids.values()):
+            raise RuntimeError("the tiny tokenizer a does not give each printable ASCII character one token")
+        stop_at = self.t0 + self.plan.minutes * 60 + 600  # the harness stops them first
+        for k in range(self.plan.light_processes):
+            spec = {
+                "count": self.plan.light_per_process, "swarm_id": SWARM_ID, "initial_peers": self.bootstrap,
+                "host": self.host, "window_seconds": WINDOW_S, "staleness": STALENESS,
+                "storage_caps": [256, 256 << 10, 256 << 10], "fingerprint": tokenizer_fingerprint(tok),
+                "char_ids": {c: ids[0] for c, ids in char_ids.items()}, "eos_id": tok.eos_token_id,
+                "vocab_size": len(tok), "max_new_tokens": MAX_NEW_TOKENS, "group_size": GROUP_SIZE,
+                "prompts_per_step": PROMPTS_PER_STEP, "max_groups": 4, "max_per_peer": MAX_GROUPS_PER_PEER,
+                "fetch_timeout": 10.0, "record_ttl_s": 300.0, "seed": k, "stop_at": stop_at,
+                "prompt_file": str(self.run_dir / "prompt_set.json"),
+                "out": str(self.run_dir / "light" / f"light-{k}.jsonl"),
+                "key_dir": str(self.run_dir / "light" / f"keys-{k}"),
+            }
+            path = self.run_dir / "light" / f"spec-{k}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(spec))
+            log = self.run_dir / "light" / f"light-{k}.log"
+            p = self._spawn([PY, "-m", "benchmarks.soak.light_peers", str(path)], log)
+            self.aux.append(p)
+            self.procs[f"light-{k}"] = Proc(f"light-{k}", p, log, "light", time.time())
+        for k in range(self.plan.light_processes):
+            m = self._wait_line(self.run_dir / "light" / f"light-{k}.log", r"light peers up: (\d+) \(torch imported: (\w+)\)",
+                                300, self.procs[f"light-{k}"].proc)
+            self.event("light_peers", process=k, peers=int(m.group(1)), torch_imported=m.group(2) == "True")
+
+    # ---- chaos -------------------------------------------------------------------------------
+
+    def checkpoints(self, name: str) -> list[str]:
+        ck = self.node_dir(name) / "checkpoints"
+        return sorted(p.name for p in ck.iterdir()) if ck.is_dir() else []
+
+    def last_step(self, name: str) -> int:
+        from benchmarks.soak.report import metrics_rows
+
+        rows = metrics_rows(self.node_dir(name))
+        return int(rows[-1]["step"]) if rows else 0
+
+    def kill_restart(self, name: str) -> None:
+        p = self.procs[name]
+        before = self.checkpoints(name)
+        step = self.last_step(name)
+        p.proc.send_signal(signal.SIGKILL)  # the node process alone: its DHT and daemon die by design
+        p.proc.wait(30)
+        self.event("kill", node=name, last_step=step, checkpoints=before)
+        time.sleep(3.0)
+        self.start_node(self.node(name), why="restart")
+
+    def node(self, name: str) -> NodePlan:
+        return next(n for n in self.plan.nodes if n.name == name)
+
+    def freeze(self, name: str, seconds: float) -> None:
+        pgid = os.getpgid(self.procs[name].proc.pid)
+        os.killpg(pgid, signal.SIGSTOP)
+        self.frozen.add(name)
+        self.event("freeze", node=name, seconds=seconds)
+        self.wait(seconds)
+        os.killpg(pgid, signal.SIGCONT)
+        self.frozen.discard(name)
+        self.event("thaw", node=name)
+
+    def cut(self, seconds: float) -> None:
+        name = next((n.name for n in self.plan.nodes if n.role == "cut"), None)
+        if self.topo is None or name is None:
+            self.event("cut_skipped", why=self.skipped.get("cut", "no node of role cut"))
+            return
+        self.topo.set_link("cut", False)
+        self.event("cut", node=name, seconds=seconds)
+        self.wait(seconds)
+        self.topo.set_link("cut", True)
+        self.event("reconnect", node=name)
+
+    def switch_prompt_set(self) -> None:
+        old = self.prompt_sets[0]
+        new = self.seed("soak-b", task_seed=1)
+        log = self.run_dir / "operator" / "end.log"
+        p = self._spawn([PY, "-m", "swarm_node", "end-prompt-set", old, "--successor", new, "--swarm-id", SWARM_ID,
+                         "--key-file", str(self.operator_key), "--node-dir", str(log.parent),
+                         "--initial-peer", self.bootstrap[0]], log)
+        rc = p.wait(180)
+        self.event("end_prompt_set", old=old, successor=new, exit_code=rc)
+
+    def read_status(self, label: str, repeats: int = 3) -> None:
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = subprocess.run([*self.prefix("core"), PY, "-m", "swarm_node", "status", "-p", self.bootstrap[0],
+                                  "--swarm-id", SWARM_ID, "--json"], capture_output=True, text=True, timeout=120)
+            seconds = time.perf_counter() - t
+            try:
+                data = json.loads(out.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                data = {"error": out.stderr[-500:]}
+            records = data.get("peers", data.get("records", [])) if isinstance(data, dict) else data
+            ids = sorted(r.get("peer_id", "") for r in records) if isinstance(records, list) else []
+            _jsonl(self.run_dir / "status.jsonl", {"time": time.time(), "label": label, "seconds": seconds,
+                                                   "exit_code": out.returncode, "records": len(ids), "peer_ids": ids,
+                                                   "live_processes": self.live_counts(), "error": data.get("error") if isinstance(data, dict) else None})
+            self.event("status", label=label, seconds=round(seconds, 2), records=len(ids), exit_code=out.returncode)
+
+    def live_counts(self) -> dict[str, int]:
+        return {"nodes": sum(p.role != "light" and p.proc.poll() is None for p in self.procs.values()),
+                "light_peers": self.plan.light_per_process * sum(p.role == "light" and p.proc.poll() is None
+                                                                 for p in self.procs.values())}
+
+    # ---- sampling ----------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        now = time.time()
+        for name, p in self.procs.items():
+            if p.proc.poll() is not None:
+                continue
+            pids = _tree(p.proc.pid)
+            daemons = [q for q in pids if _comm(q) == "p2pd"]
+            _jsonl(self.run_dir / "samples.jsonl", {
+                "time": now, "name": name, "pid": p.proc.pid, "rss_kib": sum(_rss_kib(q) for q in pids),
+                "rss_main_kib": _rss_kib(p.proc.pid), "daemon_io": sum(_io(q) for q in daemons),
+                "daemons": len(daemons), "frozen": name in self.frozen})
+
+    def sample_ledgers(self) -> None:
+        now = time.time()
+        for n in self.plan.nodes:
+            path = self.node_dir(n.name) / "peer_ledger.json"
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            rows = [r for r in data.get("peers", []) if isinstance(r, dict) and "peer_id" in r]
+            _jsonl(self.run_dir / "ledgers.jsonl", {
+                "time": now, "node": n.name, "taken": {r["peer_id"]: r.get("taken", 0) for r in rows},
+                "faults": {r["peer_id"]: r["reputation"]["faults"] for r in rows
+                           if r.get("reputation", {}).get("faults", 0) > 0}})
+
+    def wait(self, seconds: float) -> None:
+        """Sleep `seconds` while sampling; a node that exits by itself is logged and restarted."""
+        end = time.time() + seconds
+        while time.time() < end:
+            if time.time() >= self._next_sample:
+                self.sample()
+                self._next_sample = time.time() + SAMPLE_S
+            if time.time() >= self._next_ledger:
+                self.sample_ledgers()
+                self._next_ledger = time.time() + LEDGER_S
+            for name, p in list(self.procs.items()):
+                if p.role != "light" and p.proc.poll() is not None and name not in self.exited:
+                    self.exited.add(name)
+                    tail = p.log.read_text(errors="replace").strip().splitlines()[-1:] if p.log.exists() else []
+                    self.event("exited", node=name, exit_code=p.proc.returncode, last_line=tail[0][-300:] if tail else "")
+            time.sleep(min(1.0, max(0.0, end - time.time())))
+
+    # ---- the run -----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self._next_sample = self._next_ledger = 0.0
+        self.exited: set[str] = set()
+        plan = self.plan
+        self.network()
+        self.warm_models()
+        self.t0 = time.time()  # minutes count from here: the swarm's start
+        self.start_bootstrap()
+        self.seed("soak-a", task_seed=0)
+        self.start_light()
+        for n in plan.nodes:
+            if n.role != "late":
+                self.start_node(n)
+        self.event("swarm_started", peers=plan.peers, training_nodes=len(plan.nodes), light_peers=plan.light_peers)
+        for minute, kind, arg in plan.events:
+            self.wait(self.t0 + minute * 60 - time.time())
+            if kind == "kill":
+                self.exited.discard(arg)
+                self.kill_restart(arg)
+            elif kind == "freeze":
+                self.freeze(arg, 2.5 * WINDOW_S)
+            elif kind == "cut":
+                self.cut(float(arg) * 60)
+            elif kind == "late_join":
+                self.start_node(next(n for n in plan.nodes if n.role == "late"), why="late_join")
+            elif kind == "prompt_set_switch":
+                try:
+                    self.switch_prompt_set()
+                except (RuntimeError, subprocess.TimeoutExpired) as e:  # the run goes on; the report shows it
+                    self.event("prompt_set_switch_failed", error=str(e)[-300:])
+            elif kind == "status":
+                self.read_status("full_count")
+        self.wait(self.t0 + plan.minutes * 60 - time.time())
+        self.event("stopping")
+
+    def stop(self) -> None:
+        """SIGTERM the nodes (they finish the step and checkpoint), read `status --given` for each,
+        then stop the light peers, seeders and bootstrap; the namespaces go last."""
+        from swarm_node.util.lifecycle import stop_processes
+
+        try:
+            nodes = [p for p in self.procs.values() if p.role != "light" and p.proc.poll() is None]
+            for name in list(self.frozen):
+                os.killpg(os.getpgid(self.procs[name].proc.pid), signal.SIGCONT)
+            killed = stop_processes([p.proc for p in nodes], 180.0)
+            self.event("nodes_stopped", killed=[nodes[i].name for i in killed])
+            self.sample_ledgers()
+            if self.bootstrap:
+                self.read_given()
+        finally:
+            aux = [p.proc for p in self.procs.values() if p.role == "light"] + self.aux
+            stop_processes([p for p in aux if p.poll() is None], 30.0)
+            if self.topo is not None:
+                self.topo.close()
+            self.event("stopped")
+
+    def read_given(self) -> None:
+        for n in self.plan.nodes:
+            if not (self.node_dir(n.name) / "identity.key").exists():
+                continue
+            out = subprocess.run([*self.prefix("core"), PY, "-m", "swarm_node", "status", "-p", self.bootstrap[0],
+                                  "--swarm-id", SWARM_ID, "--given", str(self.node_dir(n.name)), "--json"],
+                                 capture_output=True, text=True, timeout=120)
+            try:
+                data = json.loads(out.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                data = {"error": out.stderr[-500:]}
+            _jsonl(self.run_dir / "given.jsonl", {"time": time.time(), "node": n.name, "given": data})
