@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import emit, parse_args
 from benchmarks.soak.plan import full_plan, quick_plan
 from benchmarks.soak.run import Soak
 
@@ -16,9 +16,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--light", type=int, default=36, help="light peers (in processes of 12)")
-    parser.add_argument("--quick", action="store_true", help="8 peers for 5 minutes")
     parser.add_argument("--run-dir", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse_args(parser, {"minutes": 5.0})  # --quick: 8 peers for 5 minutes (quick_plan)
     plan = quick_plan() if args.quick else full_plan(args.minutes, args.light)
     run_dir = args.run_dir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
     soak = Soak(plan, run_dir)

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.plan import (MAX_GROUPS_PER_PEER, MAX_NEW_TOKENS, PROMPTS_PER_STEP, SHARED, STALENESS, SWARM_ID,
-                                  SYSTEM_PROMPT, WINDOW_S, GROUP_SIZE, NodePlan, SoakPlan)
+from benchmarks.soak.plan import (GROUP_SIZE, MAX_GROUPS_PER_PEER, MAX_NEW_TOKENS, PROMPTS_PER_STEP, SHARED,
+                                  STALENESS, SWARM_ID, SYSTEM_PROMPT, WINDOW_S, NodePlan, SoakPlan)
+from benchmarks.soak.sampling import jsonl as _jsonl
+from benchmarks.soak.sampling import sample_ledgers, sample_processes
 
 SAMPLE_S = 10.0
 LEDGER_S = 15.0
@@ -43,50 +45,6 @@ class Proc:
     log: Path
     role: str
     started: float
-
-
-def _jsonl(path: Path, row: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (from /proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                todo += [int(c) for c in Path(f"/proc/{p}/task/{task}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
-
-
-def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _io(pid: int) -> int:
-    try:
-        fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
-        return int(fields["rchar"]) + int(fields["wchar"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class Soak:
@@ -130,7 +88,6 @@ class Soak:
         return self.topo.exec_args("cut" if role == "cut" else "core")
 
     def warm_models(self) -> None:
-        from benchmarks.soak.plan import SYSTEM_PROMPT
         from swarm_node.experiment.warmup import WarmupSpec, ensure_warm_model
 
         cache = self.run_dir.parent / "soak-warm-cache"
@@ -350,30 +307,11 @@ class Soak:
     # ---- sampling ----------------------------------------------------------------------------
 
     def sample(self) -> None:
-        now = time.time()
-        for name, p in self.procs.items():
-            if p.proc.poll() is not None:
-                continue
-            pids = _tree(p.proc.pid)
-            daemons = [q for q in pids if _comm(q) == "p2pd"]
-            _jsonl(self.run_dir / "samples.jsonl", {
-                "time": now, "name": name, "pid": p.proc.pid, "rss_kib": sum(_rss_kib(q) for q in pids),
-                "rss_main_kib": _rss_kib(p.proc.pid), "daemon_io": sum(_io(q) for q in daemons),
-                "daemons": len(daemons), "frozen": name in self.frozen})
+        sample_processes(self.run_dir / "samples.jsonl", {n: p.proc.pid for n, p in self.procs.items()
+                                                          if p.proc.poll() is None}, self.frozen)
 
     def sample_ledgers(self) -> None:
-        now = time.time()
-        for n in self.plan.nodes:
-            path = self.node_dir(n.name) / "peer_ledger.json"
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            rows = [r for r in data.get("peers", []) if isinstance(r, dict) and "peer_id" in r]
-            _jsonl(self.run_dir / "ledgers.jsonl", {
-                "time": now, "node": n.name, "taken": {r["peer_id"]: r.get("taken", 0) for r in rows},
-                "faults": {r["peer_id"]: r["reputation"]["faults"] for r in rows
-                           if r.get("reputation", {}).get("faults", 0) > 0}})
+        sample_ledgers(self.run_dir / "ledgers.jsonl", {n.name: self.node_dir(n.name) for n in self.plan.nodes})
 
     def wait(self, seconds: float) -> None:
         """Sleep `seconds` while sampling; a node that exits by itself is logged and restarted."""

@@ -74,7 +74,7 @@ def listed_benchmarks() -> set[str]:
 
 SMOKE_TESTED = {"wire", "collect_rollouts", "scale", "swarm", "objective", "generation", "spotcheck_influence",
                 "status", "train_step", "packed_step", "eval_batches", "spotcheck_tolerance", "default_task",
-                "allocator", "eval_cost", "memory_plan"}
+                "allocator", "eval_cost", "memory_plan", "soak"}
 
 
 def test_every_listed_benchmark_has_a_smoke_test():
@@ -255,3 +255,23 @@ def test_memory_plan_matches_the_measured_peaks(cache):
         assert 0.75 <= ratio <= 1.33, (name, ratio)
     for name, ratio in r["allocated_estimate_ratio"].items():  # its allocated part against torch's peak
         assert 0.75 <= ratio <= 1.33, (name, ratio)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_soak_quick_holds_what_fits_in_five_minutes(cache, tmp_path):
+    """8 peers (4 training nodes, 4 light peers) for 5 minutes with a kill, a freeze, a cut (as
+    root), a late joiner and a prompt-set switch: the soak's goals that fit in 5 minutes."""
+    r = bench("soak", cache, "--run-dir", str(tmp_path / "soak"), timeout=1400)
+    goals = r["goals"]
+    assert r["peers"]["total"] == 8 and r["peers"]["light_seen"] == 4
+    assert goals["honest_exclusions_0"], r["exclusions"]
+    assert goals["no_checkpoint_lost"] and r["kills"], r["kills"]
+    assert goals["status_within_2s_all_shown"] or all(s["light_shown"] == s["light_peers"] for s in r["status"]), r["status"]
+    assert goals["recovery_within_two_windows"], r["recoveries"]
+    assert {e["kind"] for e in r["events"]} >= {"kill", "restart", "freeze", "thaw", "late_join", "end_prompt_set"}
+    for name, node in r["nodes"].items():
+        assert node["steps"] > 3, (name, node)
+        assert node["took_peer_group_fraction"] >= 0.9, (name, node)
+    assert goals["receipts_agree_with_ledgers"], r["given_vs_ledger"]
+    assert goals["no_sender_over_3x_mean"], r["fairness"]
