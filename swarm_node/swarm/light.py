@@ -8,6 +8,13 @@ records with the same validators as a node (signatures, owned subkeys, sizes) an
 reading half of `Transport`. While hivemind is loaded this way `hivemind.DHT` does not exist in
 the process until a name only the real package has completes the import, so only a one-shot
 `status` uses it.
+
+`shutdown` (also on a failed connect) ends everything it started on its loop before it closes the
+loop: an event loop left open is closed by its finaliser at interpreter exit, and when it shares a
+reference cycle with its own self-pipe sockets (it does after a failed connect: the exit of the
+dropped p2p daemon waits in its queue of callbacks) the sockets' finalisers may run first, and
+`BaseEventLoop.__del__` prints an `Exception ignored ... Invalid file descriptor: -1` traceback
+after the command's one error line.
 """
 
 from __future__ import annotations
@@ -15,11 +22,65 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from protocol import keys
 from swarm_node.swarm.patches import load_light_hivemind
 from swarm_node.swarm.transport import BlobFetch, OwnedValue, SwarmConnectError, Transport
+
+
+class _ClientLoop(asyncio.SelectorEventLoop):
+    """The reader's event loop. It keeps the subprocesses started on it (hivemind's p2p daemon), so
+    that `drain` can end one that hivemind dropped: `P2P.create` raises without shutting down a
+    daemon that failed to start, and the daemon's exit, which the child watcher queues on this
+    loop, is lost when the loop stops before running it."""
+
+    EXIT_GRACE = 0.5  # seconds a child has to exit by itself before drain kills it
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._children: list[asyncio.SubprocessTransport] = []
+
+    async def subprocess_exec(self, *args: Any, **kwargs: Any) -> Any:
+        transport, protocol = await super().subprocess_exec(*args, **kwargs)
+        self._children.append(transport)
+        return transport, protocol
+
+    async def drain(self, timeout: float) -> None:
+        """In a task on this loop, before it stops: cancel the other tasks; wait for the children's
+        exits to reach this loop (a daemon that failed to start is exiting by itself), SIGKILL to
+        one still running after `EXIT_GRACE` seconds (not sooner: `kill` first polls, and a poll
+        that reaps a child before the child watcher does makes asyncio log "Unknown child
+        process"); close their transports; shut down async generators and the default executor.
+        Bounded by `timeout` (seconds) in all."""
+        deadline = self.time() + timeout
+        others = [task for task in asyncio.all_tasks(self) if task is not asyncio.current_task(self)]
+        for task in others:
+            task.cancel()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), timeout)
+        if not await self._children_exited(min(self.EXIT_GRACE, deadline - self.time())):
+            for child in self._children:
+                if child.get_returncode() is None:
+                    with suppress(ProcessLookupError):
+                        child.kill()
+            await self._children_exited(deadline - self.time())
+        for child in self._children:
+            child.close()
+        await self.shutdown_asyncgens()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self.shutdown_default_executor(), max(deadline - self.time(), 0.1))
+
+    async def _children_exited(self, timeout: float) -> bool:
+        """Whether every child's exit has reached this loop (the child watcher's thread hands it
+        over) within `timeout` seconds."""
+        deadline = self.time() + timeout
+        while any(child.get_returncode() is None for child in self._children):
+            if self.time() >= deadline:
+                return False
+            await asyncio.sleep(0.02)
+        return True
 
 
 class LightObserver(Transport):
@@ -37,14 +98,14 @@ class LightObserver(Transport):
         from swarm_node.swarm.validators import CachedRSASignatureValidator, SwarmRecordValidator
 
         self.swarm_id = keys.check_name(swarm_id)
+        peers = check_initial_peers(initial_peers)
         daemons_die_with_this_process()  # the p2p daemon goes with this process, however it ends
         self._key = RSAPrivateKey()
         validator = CompositeValidator([CachedRSASignatureValidator(self._key), SwarmRecordValidator(swarm_id)])
-        self._loop = asyncio.new_event_loop()
+        self._loop = _ClientLoop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="light-dht", daemon=True)
         self._thread.start()
         self._node = None
-        peers = check_initial_peers(initial_peers)
         try:
             self._node = self._run(DHTNode.create(initial_peers=peers, client_mode=True, record_validator=validator,
                                                   wait_timeout=wait_timeout, bootstrap_timeout=timeout,
@@ -104,12 +165,25 @@ class LightObserver(Transport):
         raise NotImplementedError("a LightObserver only reads")
 
     def shutdown(self) -> None:
-        if self._node is not None:
-            node, self._node = self._node, None
-            try:
-                self._run(node.shutdown(), 10.0)
-            except (TimeoutError, RuntimeError, OSError):
-                pass  # the p2p daemon is a child of this process and goes with it
-        if self._loop.is_running():
+        """On the loop, the node and its p2p daemon, then what is left there (`_ClientLoop.drain`);
+        then stop the loop, join its thread and close the loop. Bounded; a second call does nothing."""
+        if self._loop.is_closed():
+            return
+        node, self._node = self._node, None
+        try:
+            if self._thread.is_alive():
+                self._run(self._close_on_loop(node), 20.0)
+        except (TimeoutError, RuntimeError, OSError):
+            pass  # the p2p daemon is a child of this process and goes with it
+        finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5.0)
+            if not self._thread.is_alive():
+                self._loop.close()
+
+    async def _close_on_loop(self, node: Any) -> None:
+        try:
+            if node is not None:
+                await asyncio.wait_for(node.shutdown(), 10.0)
+        finally:
+            await self._loop.drain(5.0)
