@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import threading
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -29,6 +31,8 @@ from swarm_node.util.lifecycle import daemons_die_with_this_process
 from swarm_node.swarm import patches
 from swarm_node.swarm.addresses import check_initial_peers
 from swarm_node.swarm.transport import SwarmConnectError
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["PipeFixedDHT", "check_initial_peers", "get_many_in_dht", "health_in_dht", "ping_clocks_in_dht", "redial_in_dht",
            "store_many_in_dht"]
@@ -50,6 +54,27 @@ class PipeFixedDHT(hivemind.DHT):
         patches.blocking_recv_pipe(self)
         threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
         super().run()
+
+    async def _run_coroutine(self, coro: Any, future: Any) -> None:
+        """hivemind's, for a caller that stopped waiting: `HivemindTransport._call` cancels its
+        future after its timeout, and hivemind then fails to set the late result on it with an
+        InvalidStateError traceback in the node's log for every slow DHT call (two per call, on a
+        loaded machine dozens a minute). A late result or error is dropped here instead; an error
+        for a caller still waiting is logged and handed to it as before."""
+        from concurrent.futures import InvalidStateError
+
+        try:
+            result = await coro(self, self._node)
+        except BaseException as e:
+            if not future.done():
+                logger.exception("Caught an exception when running a coroutine:")
+                with contextlib.suppress(InvalidStateError):
+                    future.set_exception(e)
+            if not isinstance(e, Exception):
+                raise  # cancellation and exit of the DHT process itself
+            return
+        with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: nobody waits for it
+            future.set_result(result)
 
     def _watch_parent(self, parent_pid: int) -> None:
         stop = threading.Event()
