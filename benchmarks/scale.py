@@ -68,7 +68,8 @@ class Sizes:
     per_key: int  # key id and result framing per key in a request/response
 
     @classmethod
-    def measure(cls, max_entries: int = 64) -> Sizes:
+    def measure(cls, max_entries: int = 64, tokens: int = 256) -> Sizes:
+        """Sizes of the real encoders' output; `tokens`: completion length of the synthetic group."""
         from hivemind.dht.crypto import RSASignatureValidator
         from hivemind.dht.protocol import DHTProtocol
         from hivemind.dht.storage import DictionaryDHTValue
@@ -78,7 +79,7 @@ class Sizes:
 
         rng = np.random.default_rng(0)
         group = synthetic_group(rng, swarm_id=SWARM, sender="x" * 52, created_at=3e6, prompt_index=1,
-                                policy_version=1, group_size=8, tokens=256)
+                                policy_version=1, group_size=8, tokens=tokens)
         chunk = len(codec.encode(group))
         entries = tuple(IndexEntry(chunk_digests=(hashlib.sha256(bytes([i])).hexdigest(),), size=chunk + i,
                                    prompt_index=12345 + i, policy_version=100, created_at=3e6 + i * 0.123456)
@@ -278,18 +279,27 @@ class Model:
         return len(chosen)
 
     def run(self, rounds: int, warmup: int) -> dict:
+        """`warmup + rounds` rounds. A round is one step of every active peer (the first
+        `args.active`, default all); the others step once per window (its first round). A step
+        publishes only in the first `args.slots_per_window` rounds of a window (the binding's S;
+        default every round), as a node does, and always gathers."""
         rows = []
+        rpw = self.args.rounds_per_window
+        active = getattr(self.args, "active", None) or self.n
+        slots = getattr(self.args, "slots_per_window", None) or rpw
         for r in range(warmup + rounds):
             t = Traffic(self.n)
-            window = r // self.args.rounds_per_window
-            for p in range(self.n):
-                self.publish(t, p, window)
-            gathered = [self.gather(t, p, window) for p in range(self.n)]
+            window, k = divmod(r, rpw)
+            stepping = [p for p in range(self.n) if p < active or k == 0]
+            for p in stepping:
+                if k < slots:
+                    self.publish(t, p, window)
+            gathered = [self.gather(t, p, window) for p in stepping]
             if r >= warmup:
                 rows.append((t, statistics.fmean(gathered)))
-        return self._summary(rows)
+        return self._summary(rows, active)
 
-    def _summary(self, rows: list) -> dict:
+    def _summary(self, rows: list, active: int) -> dict:
         def mean(f) -> float:
             return statistics.fmean(f(t) for t, _ in rows)
 
@@ -298,6 +308,7 @@ class Model:
             "peers": self.n, "layout": self.layout,
             "client_bytes_per_node_round": round(mean(lambda t: t.client.mean())),
             "bytes_per_node_round": round(mean(lambda t: (t.client + t.served).mean())),
+            "active_bytes_per_node_round": round(mean(lambda t: (t.client + t.served)[:active].mean())),
             "payload_bytes_in_per_node_round": round(mean(lambda t: t.payload_in.mean())),
             "hottest_node_bytes_served_round": round(mean(lambda t: t.served.max())),
             "hottest_node_requests_round": round(mean(lambda t: t.requests.max())),
@@ -318,6 +329,10 @@ def main() -> None:
     parser.add_argument("--max-groups", type=int, default=8)
     parser.add_argument("--max-per-peer", type=int, default=4)
     parser.add_argument("--staleness", type=int, default=4)
+    parser.add_argument("--active", type=int, default=None,
+                        help="peers that step every round (default all); the rest step once per window")
+    parser.add_argument("--slots-per-window", type=int, default=None,
+                        help="rounds of a window whose step publishes (swarm.slots_per_window; default every round)")
     parser.add_argument("--replicas", type=int, default=5)
     parser.add_argument("--peers-per-shard", type=int, default=16)
     parser.add_argument("--shards-per-read", type=int, default=2)

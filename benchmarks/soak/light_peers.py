@@ -17,7 +17,8 @@ records. Every DHT window each light peer, like a training node's first step of 
   loads the DHT as the scale model assumes;
 * publishes a status record (role `trainer`, model `soak/light-peer`, its counters).
 
-Each publish and gather is one JSON line in `<out>/light-<k>.jsonl` (time, peer, groups, bytes).
+Each publish and gather is one JSON line in `<out>/light-<k>.jsonl` (time, peer, groups, bytes, and
+the sender and creation time of every group taken).
 The process stops at `stop_at` (wall clock) or on SIGTERM.
 """
 
@@ -198,7 +199,7 @@ def group_for(peer: str, spec: dict[str, Any], pset: dict[str, Any], index: int,
 
 
 class LightSwarm:
-    """`count` light peers sharing one event loop thread; `tick` runs one window's work for each."""
+    """`count` light peers sharing one event loop thread; `tick` runs one step of each."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from swarm_node.swarm.exchange import RolloutExchange
@@ -222,18 +223,26 @@ class LightSwarm:
                           for p in self.peers]
         self.rng = random.Random(spec["seed"])
         self.versions = [0] * len(self.peers)
+        self.slots = [(-1, -1)] * len(self.peers)  # (window, slot) of each peer's last step
         self.log = open(Path(spec["out"]), "a", buffering=1)  # noqa: SIM115  (closed in close())
 
     def prompt_set(self) -> dict[str, Any]:
         return json.loads(Path(self.spec["prompt_file"]).read_text())
 
-    def tick(self, window: int) -> None:
+    def tick(self) -> None:
+        """One step of every light peer, in turn. Each takes its own start time, as a node's step
+        does: its groups' `created_at` and the window they are listed and bound in come from it (the
+        peers of a process step one after another, so the later ones may be in the next window),
+        and its k-th step in a window answers that window's slot k."""
         spec, pset = self.spec, self.prompt_set()
         n = len(pset["problems"])
         for i, (peer, ex) in enumerate(zip(self.peers, self.exchanges)):
             now = peer.dht_time()
+            window = keys.window_of(now, spec["window_seconds"])
+            slot = self.slots[i][1] + 1 if self.slots[i][0] == window else 0
+            self.slots[i] = (window, slot)
             before = dict(peer.traffic)
-            indices = window_prompts(peer.peer_id, window, 0, spec["prompts_per_step"], n, salt=spec["swarm_id"])
+            indices = window_prompts(peer.peer_id, window, slot, spec["prompts_per_step"], n, salt=spec["swarm_id"])
             groups = [group_for(peer.peer_id, spec, pset, j, now, self.versions[i], self.rng) for j in indices]
             ex.publish_groups(groups, window)
             got, drops = ex.fetch_groups(window, spec["staleness"], spec["max_groups"], spec["max_per_peer"],
@@ -246,6 +255,7 @@ class LightSwarm:
             self.log.write(json.dumps({
                 "time": time.time(), "peer": peer.peer_id, "window": window, "published": len(groups),
                 "gathered": len(got), "drops": dict(drops), "prompt_set": pset["id"],
+                "taken": [[g.sender, g.created_at] for g in got],
                 "bytes_out": peer.traffic["bytes_out"] - before["bytes_out"],
                 "bytes_in": peer.traffic["bytes_in"] - before["bytes_in"],
                 "store_failures": peer.traffic["store_failures"] - before["store_failures"],
@@ -274,8 +284,8 @@ def main(spec_path: str) -> int:
         last = -1
         while not stop.is_set() and time.time() < spec["stop_at"]:
             window = keys.window_of(swarm.peers[0].dht_time(), spec["window_seconds"])
-            if window != last:
-                swarm.tick(window)
+            if window != last:  # one step of every peer per window
+                swarm.tick()
                 last = window
             stop.wait(1.0)
     finally:

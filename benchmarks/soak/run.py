@@ -289,11 +289,10 @@ class Soak:
                                   "--swarm-id", SWARM_ID, "--json"], capture_output=True, text=True, timeout=120)
             seconds = time.perf_counter() - t
             try:
-                data = json.loads(out.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                data = {"error": out.stderr[-500:]}
-            records = data.get("peers", data.get("records", [])) if isinstance(data, dict) else data
-            ids = sorted(r.get("peer_id", "") for r in records) if isinstance(records, list) else []
+                data = json.loads(out.stdout)  # a list of rows, or {"error": ...}
+            except ValueError:
+                data = {"error": (out.stdout + out.stderr)[-500:]}
+            ids = sorted(r.get("peer_id", "") for r in data) if isinstance(data, list) else []
             _jsonl(self.run_dir / "status.jsonl", {"time": time.time(), "label": label, "seconds": seconds,
                                                    "exit_code": out.returncode, "records": len(ids), "peer_ids": ids,
                                                    "live_processes": self.live_counts(), "error": data.get("error") if isinstance(data, dict) else None})
@@ -396,7 +395,7 @@ class Soak:
                                   "--swarm-id", SWARM_ID, "--given", str(self.node_dir(n.name)), "--json"],
                                  capture_output=True, text=True, timeout=120)
             try:
-                data = json.loads(out.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                data = {"error": out.stderr[-500:]}
+                data = json.loads(out.stdout)
+            except ValueError:
+                data = {"error": (out.stdout + out.stderr)[-500:]}
             _jsonl(self.run_dir / "given.jsonl", {"time": time.time(), "node": n.name, "given": data})
