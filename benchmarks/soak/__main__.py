@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -21,6 +22,8 @@ def main() -> None:
     plan = quick_plan() if args.quick else full_plan(args.minutes, args.light)
     run_dir = args.run_dir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
     soak = Soak(plan, run_dir)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C or kill: stop the swarm cleanly, then report
+        signal.signal(sig, soak.interrupt)
     try:
         soak.run()
     finally:

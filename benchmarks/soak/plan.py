@@ -97,7 +97,7 @@ def full_plan(minutes: float = 60.0, light: int = 36) -> SoakPlan:
         _tiny("c128-full", "tiny-random:128x2:c", False, 7),
         _tiny("c128-lora", "tiny-random:128x2:c", True, 8, role="cut"),
         _tiny("a64-full-2", "tiny-random:64x2:a", False, 9),
-        NodePlan("smollm2", None, ("eval.problems=64", "eval.every_steps=10", "train.learning_rate=1e-5",
+        NodePlan("smollm2", None, ("eval.problems=32", "eval.every_steps=5", "train.learning_rate=1e-5",
                                    "train.micro_batch_size=8", "train.prompts_per_step=2", "train.seed=10"),
                  role="smollm2"),
         NodePlan("slow", None, (*TINY, "model.name=\"tiny-random:384x6:a\"", "train.prompts_per_step=24",

@@ -56,6 +56,7 @@ class Soak:
         self.topo = None
         self.skipped: dict[str, str] = {}
         self.frozen: set[str] = set()
+        self.interrupted = False  # set by `interrupt` (SIGINT/SIGTERM): the run ends early, cleanly
         self.host = "127.0.0.1"
         self.cut_host = "127.0.0.1"
         self.warm: dict[str, Path] = {}
@@ -313,9 +314,10 @@ class Soak:
         sample_ledgers(self.run_dir / "ledgers.jsonl", {n.name: self.node_dir(n.name) for n in self.plan.nodes})
 
     def wait(self, seconds: float) -> None:
-        """Sleep `seconds` while sampling; a node that exits by itself is logged and restarted."""
+        """Sleep `seconds` while sampling (a node that exits by itself is logged); returns early once
+        the run is asked to stop (`interrupt`)."""
         end = time.time() + seconds
-        while time.time() < end:
+        while time.time() < end and not self.interrupted:
             if time.time() >= self._next_sample:
                 self.sample()
                 self._next_sample = time.time() + SAMPLE_S
@@ -347,6 +349,8 @@ class Soak:
         self.event("swarm_started", peers=plan.peers, training_nodes=len(plan.nodes), light_peers=plan.light_peers)
         for minute, kind, arg in plan.events:
             self.wait(self.t0 + minute * 60 - time.time())
+            if self.interrupted:
+                break
             if kind == "kill":
                 self.exited.discard(arg)
                 self.kill_restart(arg)
@@ -365,6 +369,12 @@ class Soak:
                 self.read_status("full_count")
         self.wait(self.t0 + plan.minutes * 60 - time.time())
         self.event("stopping")
+
+    def interrupt(self, *_: object) -> None:
+        """Signal handler: end the run at the next check; `stop` then runs as at the planned end."""
+        if not self.interrupted:
+            self.interrupted = True
+            self.event("interrupted")
 
     def stop(self) -> None:
         """SIGTERM the nodes (they finish the step and checkpoint), read `status --given` for each,
