@@ -115,6 +115,8 @@ STEP_SECONDS = "step_seconds"
 BYTES_PER_TOKEN = "bytes_per_token"
 TEXT_GROUPS = "text_groups"
 TEXT_WITHHELD = "text_withheld"
+OWN_GROUPS_PUBLISHED = "own_groups_published"
+OWN_GROUPS_UNPUBLISHED_STALE = "own_groups_unpublished_stale"
 BYTES_SENT = "bytes_sent"
 BYTES_RECEIVED = "bytes_received"
 EVAL_ACCURACY = "eval_accuracy"
@@ -245,6 +247,9 @@ METRICS: dict[str, str] = {
     BYTES_PER_TOKEN: "Published bytes per completion token (after compression).",
     TEXT_GROUPS: "Own groups published with completion text for peers of other tokenizers (swarm.send_text).",
     TEXT_WITHHELD: "Own groups published without text although text was due: a completion had no faithful text.",
+    OWN_GROUPS_PUBLISHED: "Own groups published in the step (a slow node's as each sub-batch is complete).",
+    OWN_GROUPS_UNPUBLISHED_STALE: "Own groups trained on but not published: complete only after peers stop reading "
+                                  "them (swarm.staleness_steps x swarm.window_seconds after the step began).",
     BYTES_SENT: "Bytes published to the swarm in the step.",
     BYTES_RECEIVED: "Bytes fetched from the swarm in the step.",
     # the node's latest held-out evaluation (evaluation/heldout.py), repeated in every step after it

@@ -31,8 +31,18 @@ class SwarmConfig(BaseModel):
     max_peer_groups_per_step: int = Field(8, ge=0, description="Peer groups fetched per step, at most.")
     max_groups_per_peer: int = Field(4, ge=0, description="Groups taken from one peer per step, at most.")
     fetch_timeout_s: float = Field(10.0, gt=0, description="Longest wait for peers' data in one step.")
-    staleness_steps: int = Field(4, ge=0, description="Peer groups older than this many windows are dropped.")
-    window_seconds: float = Field(30.0, gt=0, description="Length of a DHT time window for index keys.")
+    staleness_steps: int = Field(
+        4, ge=0,
+        description="Peer groups older than this many windows are dropped. So a group must be published within "
+                    "about staleness_steps x window_seconds (120 s by default) of its step's start: a node whose "
+                    "step takes longer generates it in sub-batches, publishes each as soon as it is complete, and "
+                    "trains on, but does not publish, groups complete too late (docs/architecture.md, \"Slow "
+                    "nodes\"). The swarm should agree on it.")
+    window_seconds: float = Field(
+        30.0, gt=0,
+        description="Length of a DHT time window for index keys (and of the prompt binding's windows); with "
+                    "staleness_steps it bounds how long after its step's start a group can be published. The "
+                    "swarm should agree on it.")
     record_ttl_s: float = Field(300.0, gt=0, description="Expiration of published records.")
     index_peers_per_shard: int = Field(
         16, ge=1, le=4096,

@@ -12,6 +12,15 @@ Prompts (`_choose_problems`): a node exchanging with peers follows the protocol'
 (`swarm.binding`): its k-th step started in DHT time window w answers slot k of w
 (`protocol.binding.window_prompts`), its groups carry the step's start time as `created_at` and are
 published only for k < `swarm.slots_per_window`; a node training alone takes its prompts by step.
+
+Slow nodes (docs/architecture.md, "Slow nodes"): a group reaches peers only if published within
+about B = staleness_steps x window_seconds of its step's start. A node exchanging with peers whose
+step's n prompts take longer than B at its measured time per group (`own_rollouts.Pacing`, a moving
+average over past steps) generates them in sub-batches of at most B / 2 (at least one prompt) and
+publishes each sub-batch's groups as soon as they are complete, while fresh; otherwise, as a node
+training alone, in one call. Prompts, `created_at` and window stay the step's, so receivers change
+nothing; groups complete too late are trained on, counted (`own_groups_unpublished_stale`) and not
+published, with a warning (at most every `STALE_WARNING_EVERY_S`) that names what to change.
 """
 
 from __future__ import annotations
@@ -39,6 +48,9 @@ log = logging.getLogger(__name__)
 # The gather of a step's peer groups, running beside generation (`Node.start_gather`).
 Gathering = Future[tuple[peer_rollouts.PeerBatch, Counter[str]]]
 
+# Slow nodes (module docstring): the least time between two warnings about own groups gone stale.
+STALE_WARNING_EVERY_S = 600.0
+
 
 @dataclass
 class StepRollout:
@@ -51,6 +63,8 @@ class StepRollout:
     gen_seconds: float
     publish_seconds: float
     bytes_per_token: float
+    published: int = 0  # own groups published
+    unpublished_stale: int = 0  # own groups complete only after peers stop reading them: not published
 
 
 class Node:
@@ -68,7 +82,9 @@ class Node:
         self._last_checkpoint_step = start_step
         self._last_republish = time.monotonic()
         self._slot_window, self._slot = -1, -1  # the window of the last step and its slot there
-        self._warned_stale = False
+        sw = self.cfg.swarm
+        self._pacing = own_rollouts.Pacing(sw.staleness_steps, sw.window_seconds)  # "Slow nodes"
+        self._stale_warned_at: float | None = None  # time.monotonic() of the last warning about stale own groups
         self._eval_end: int | None = None  # the last step of the current run(): evaluated after it
         # the latest held-out evaluation (a resumed node: its last row up to the step it resumed at)
         self._eval_metrics = (heldout.latest_metrics(self.cfg.node_dir, start_step)
@@ -141,7 +157,8 @@ class Node:
         return self.train_step(self.generate_step(started_at), gathering)
 
     def generate_step(self, started_at: float | None = None) -> StepRollout:
-        """The first half of a step: choose prompts, generate own groups, score and publish them.
+        """The first half of a step: choose prompts, generate own groups, score and publish them; a
+        slow node in sub-batches, each published as soon as it is complete (module docstring).
 
         `run_step` runs both halves; lockstep horizontal runs this half on every node of an arm
         before any node gathers (`experiment.lockstep`), so peers' parts of a shared group arrive."""
@@ -154,18 +171,32 @@ class Node:
         self._slot_window = window
         problems = self._choose_problems(window, self._slot)
         prompt_ids = peer_rollouts.render_prompts(parts, problems)
-        t_gen = time.perf_counter()
-        completions = parts.generator.generate(prompt_ids, cfg.generation.group_size)
-        gen_seconds = time.perf_counter() - t_gen
-        own = own_rollouts.own_samples(parts, problems, prompt_ids, completions, self.step, window)
-        bytes_per_token = 0.0
-        t_pub = time.perf_counter()
+        publishing = parts.exchange is not None and self._slot < cfg.swarm.slots_per_window
+        batches: list[own_rollouts.OwnBatch] = []
+        pub, gen_seconds, start, n = own_rollouts.Published(), 0.0, 0, len(problems)
+        t_dht = parts.dht_time()
+        while start < n:
+            end = self._pacing.sub_batch_end(start, n, window, parts.dht_time()) if publishing else n
+            t_gen = time.perf_counter()
+            completions = parts.generator.generate(prompt_ids[start:end], cfg.generation.group_size)
+            gen_seconds += time.perf_counter() - t_gen
+            own = own_rollouts.own_samples(parts, problems[start:end], prompt_ids[start:end], completions,
+                                           self.step, window)
+            if publishing:
+                self._publish_fresh(problems[start:end], completions, own, window, started_at, pub)
+            batches.append(own)
+            start = end
+        elapsed = parts.dht_time() - t_dht
+        if n:
+            self._pacing.remember(elapsed / n)
+        if pub.stale:
+            self._warn_stale(pub.stale, n, elapsed)
         if parts.exchange is not None:
-            if self._publishable(window):
-                groups = own_rollouts.to_wire_groups(parts, problems, completions, own, self.step, started_at)
-                bytes_per_token = parts.exchange.publish_groups(groups, window)
+            t_rep = time.perf_counter()
             self._republish_if_due(parts.exchange, window)
-        return StepRollout(window, problems, own, t0, gen_seconds, time.perf_counter() - t_pub, bytes_per_token)
+            pub.seconds += time.perf_counter() - t_rep
+        return StepRollout(window, problems, own_rollouts.concat(batches), t0, gen_seconds, pub.seconds,
+                           pub.bytes_per_token, pub.groups, pub.stale)
 
     def train_step(self, rollout: StepRollout, gathering: Gathering | None) -> dict[str, float]:
         """The second half of a step: wait for peers' groups (`start_gather`), train, log, checkpoint."""
@@ -227,6 +258,8 @@ class Node:
             m.BYTES_PER_TOKEN: float(rollout.bytes_per_token or 0.0),
             m.TEXT_GROUPS: float(own.text_groups),
             m.TEXT_WITHHELD: float(own.text_withheld),
+            m.OWN_GROUPS_PUBLISHED: float(rollout.published),
+            m.OWN_GROUPS_UNPUBLISHED_STALE: float(rollout.unpublished_stale),
             m.PEER_REWARD_SECONDS: peer.verify_seconds,
             **({m.PEER_NEWEST_AGE_S: now - peer.newest_created_at} if peer.newest_created_at is not None else {}),
         }
@@ -252,21 +285,36 @@ class Node:
             indices = select_prompts(self.parts.peer_id, self.step, n, len(ps), salt=cfg.swarm.swarm_id)
         return [ps.problems[i] for i in indices]
 
+    def _publish_fresh(self, problems: list[Problem], completions: list, own: own_rollouts.OwnBatch, window: int,
+                       started_at: float, pub: own_rollouts.Published) -> None:
+        """Publish a sub-batch's groups, just complete, if peers still read them (else count them stale)."""
+        exchange = self.parts.exchange
+        assert exchange is not None
+        if not self._publishable(window):
+            pub.stale += len(problems)
+            return
+        t_pub = time.perf_counter()
+        groups = own_rollouts.to_wire_groups(self.parts, problems, completions, own, self.step, started_at)
+        tokens = sum(g.num_tokens for g in groups)
+        pub.bytes += exchange.publish_groups(groups, window) * tokens
+        pub.tokens += tokens
+        pub.groups += len(groups)
+        pub.seconds += time.perf_counter() - t_pub
+
     def _publishable(self, window: int) -> bool:
-        """Whether this step's groups go out: a slot peers accept (< swarm.slots_per_window), and not
-        already older than peers read (a step that outlasted the staleness bound, or a pause)."""
+        """Whether own groups of `window` complete now go out: a slot peers accept (< swarm.slots_per_window),
+        and not already older than peers read (a step that outlasted the freshness bound, or a pause)."""
         sw = self.cfg.swarm
         if self._slot >= sw.slots_per_window:
             return False
-        age = peer_rollouts.window_of(self.parts.dht_time(), sw.window_seconds) - window
-        if age > sw.staleness_steps:
-            if not self._warned_stale:
-                log.warning("this step took %d windows (swarm.window_seconds=%g): peers drop groups older than "
-                            "swarm.staleness_steps=%d windows, so they are not published (raise both swarm-wide "
-                            "for slower steps)", age, sw.window_seconds, sw.staleness_steps)
-                self._warned_stale = True
-            return False
-        return True
+        return peer_rollouts.window_of(self.parts.dht_time(), sw.window_seconds) - window <= sw.staleness_steps
+
+    def _warn_stale(self, stale: int, n: int, elapsed: float) -> None:
+        """Say, at most every STALE_WARNING_EVERY_S, that own groups went stale unpublished and what to change."""
+        now = time.monotonic()
+        if self._stale_warned_at is None or now - self._stale_warned_at >= STALE_WARNING_EVERY_S:
+            self._stale_warned_at = now
+            log.warning("%s", own_rollouts.stale_advice(self.cfg.swarm, stale, n, elapsed))
 
     def start_gather(self, window: int) -> Gathering | None:
         """Fetch peers' groups of `window` (and the staleness windows before it) in the background."""
