@@ -198,6 +198,13 @@ def group_for(peer: str, spec: dict[str, Any], pset: dict[str, Any], index: int,
         completions=tuple(completions))
 
 
+def step_slot(last: tuple[int, int], now: float, window_seconds: float) -> tuple[int, int]:
+    """(window, slot) of a step starting at DHT time `now`, after a last step at `last`: the
+    window of `now` itself, and the next slot of it when the last step was in the same window."""
+    window = keys.window_of(now, window_seconds)
+    return window, (last[1] + 1 if last[0] == window else 0)
+
+
 class LightSwarm:
     """`count` light peers sharing one event loop thread; `tick` runs one step of each."""
 
@@ -238,9 +245,7 @@ class LightSwarm:
         n = len(pset["problems"])
         for i, (peer, ex) in enumerate(zip(self.peers, self.exchanges)):
             now = peer.dht_time()
-            window = keys.window_of(now, spec["window_seconds"])
-            slot = self.slots[i][1] + 1 if self.slots[i][0] == window else 0
-            self.slots[i] = (window, slot)
+            window, slot = self.slots[i] = step_slot(self.slots[i], now, spec["window_seconds"])
             before = dict(peer.traffic)
             indices = window_prompts(peer.peer_id, window, slot, spec["prompts_per_step"], n, salt=spec["swarm_id"])
             groups = [group_for(peer.peer_id, spec, pset, j, now, self.versions[i], self.rng) for j in indices]
