@@ -148,6 +148,7 @@ SPOT_SECONDS = "spot_seconds"
 SPOT_TOKENS = "spot_tokens"
 PROMPT_SET_RESTORES = "prompt_set_restores"
 PROMPT_SET_RESTORED_BYTES = "prompt_set_restored_bytes"
+PROMPT_SET_SWITCHES = "prompt_set_switches"
 GIVEN_RECEIVERS = "given_receivers"
 GIVEN_TAKERS = "given_takers"
 GIVEN_GROUPS_TAKEN = "given_groups_taken"
@@ -282,6 +283,8 @@ METRICS: dict[str, str] = {
     SPOT_TOKENS: "Tokens the spot-checks' forward passes covered (capped by swarm.spot_check.max_tokens_per_step).",
     PROMPT_SET_RESTORES: "Re-stores of the seeded prompt set's records by this node in the step (prompt_keeper.py).",
     PROMPT_SET_RESTORED_BYTES: "Bytes of the seeded prompt set (chunks, manifest) this node re-stored in the step.",
+    PROMPT_SET_SWITCHES: "1 at the step after which this node switched to the successor of its ended prompt "
+                         "set (swarm.prompt_set_owner's tombstone; prompt_keeper.py), else 0.",
     PEER_NEWEST_AGE_S: "Seconds from the creation of the newest peer group taken to the end of the step (absent without one).",
     # the receipts naming this node in peers' status records (given.py), as of its latest read
     GIVEN_RECEIVERS: "Peers whose status record holds a receipt for this node's groups.",

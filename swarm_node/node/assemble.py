@@ -86,12 +86,9 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                      start_step, moved)
     keeper = None
     if cfg.swarm.prompt_set_id is not None:
-        from swarm_node.swarm.prompts import load_prompt_set as load_swarm_prompt_set
-
         if transport is None:
             raise ValueError("swarm.prompt_set_id needs the swarm (swarm.enabled=true)")
-        prompt_set = load_swarm_prompt_set(transport, cfg.swarm.swarm_id, cfg.swarm.prompt_set_id,
-                                           cfg.swarm.prompt_set_owner, timeout=cfg.swarm.fetch_timeout_s)
+        prompt_set, cfg = load_seeded_set(cfg, transport)
         keeper = start_prompt_keeper(cfg.swarm, transport)
         if keeper is not None:
             close_hooks.append(keeper.stop)
@@ -169,6 +166,11 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
         parts.spot_checker = build_spot_checker(cfg, policy, render_with(cfg))
     if dht_time is not None:
         parts.dht_time = dht_time
+    if keeper is not None and keeper.follow:
+        from swarm_node.node.prompt_switch import switch_prompt_set
+
+        keeper.on_successor = lambda followed: switch_prompt_set(parts, followed,
+                                                                 prompt_assignment(cfg, followed.prompt_set))
     if cfg.eval.problems:
         from swarm_node.evaluation.heldout import HeldoutEvaluator
 
@@ -193,15 +195,35 @@ def render_with(cfg: NodeConfig) -> Any:
     return render
 
 
+def load_seeded_set(cfg: NodeConfig, transport: Any) -> tuple[Any, NodeConfig]:
+    """The seeded prompt set `swarm.prompt_set_id` names, or, when its operator ended it, the successor
+    its tombstone names (with `swarm.prompt_set_owner` set: swarm/prompts.py, `load_followed`); and
+    the config with the id of the set loaded (so config.resolved.toml and checkpoints name it)."""
+    from swarm_node.swarm.prompts import load_followed
+
+    s = cfg.swarm
+    followed = load_followed(transport, s.swarm_id, s.prompt_set_id, s.prompt_set_owner, timeout=s.fetch_timeout_s)
+    if not followed.ended:
+        return followed.prompt_set, cfg
+    log.info("%s", followed.message())
+    swarm = s.model_copy(update={"prompt_set_id": followed.prompt_set.id})
+    return followed.prompt_set, cfg.model_copy(update={"swarm": swarm})
+
+
 def start_prompt_keeper(swarm: SwarmConfig, transport: Any) -> Any | None:
-    """The thread that keeps the node's seeded prompt set alive (None when its budget is 0)."""
+    """The thread that keeps the node's seeded prompt set alive and, with the operator key set, follows
+    its successor when the operator ends it (None when there is nothing to do: budget 0, no key)."""
     from swarm_node.swarm.prompt_keeper import PromptSetKeeper
 
-    if swarm.prompt_set_id is None or swarm.prompt_set_restore_budget_bytes == 0:
+    follow = swarm.prompt_set_owner is not None
+    if swarm.prompt_set_id is None or (swarm.prompt_set_restore_budget_bytes == 0 and not follow):
         return None
+    # Following nodes look for the end every window, so they switch within about one window of each
+    # other: until a node switches, it blames a switched peer's entries as `wrong_prompt` (prompt_switch.py).
     keeper = PromptSetKeeper(transport, swarm.swarm_id, swarm.prompt_set_id, swarm.prompt_set_owner,
                              ttl_s=swarm.record_ttl_s, budget_bytes=swarm.prompt_set_restore_budget_bytes,
-                             timeout=swarm.fetch_timeout_s)
+                             timeout=swarm.fetch_timeout_s, follow=follow,
+                             watch_interval_s=min(swarm.record_ttl_s / 3.0, swarm.window_seconds))
     keeper.start()
     return keeper
 
@@ -215,21 +237,28 @@ def peer_group_bounds(cfg: NodeConfig) -> tuple[int, int]:
 def build_admission(cfg: NodeConfig, prompt_set: Any, reputation: Any | None = None) -> Any:
     """The node's admission rules (swarm/admission.py) from its config and prompt set; `reputation`:
     the peer ledger's, so trust survives a restart (a fresh one if None)."""
-    from swarm_node.swarm.admission import Admission, PromptAssignment
+    from swarm_node.swarm.admission import Admission
     from swarm_node.swarm.allowlist import load_allow_list
 
     s = cfg.swarm
     allowed = list(s.allowed_peers)
     if s.allowed_peers_file is not None:
         allowed += load_allow_list(s.allowed_peers_file, s.swarm_id, s.prompt_set_owner)
-    prompts = PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
-                               prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
-                               salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
-                               window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
     tokens = s.max_peer_tokens_per_step or (
         s.max_peer_groups_per_step * peer_group_bounds(cfg)[1] * cfg.generation.max_new_tokens)
-    return Admission(allowed_peers=allowed or None, prompts=prompts, max_tokens_per_gather=tokens,
-                     reputation=reputation)
+    return Admission(allowed_peers=allowed or None, prompts=prompt_assignment(cfg, prompt_set),
+                     max_tokens_per_gather=tokens, reputation=reputation)
+
+
+def prompt_assignment(cfg: NodeConfig, prompt_set: Any) -> Any:
+    """The prompt binding over `prompt_set` (swarm/binding.py) with the node's swarm-wide settings."""
+    from swarm_node.swarm.admission import PromptAssignment
+
+    s = cfg.swarm
+    return PromptAssignment(prompt_set_id=prompt_set.id, set_size=len(prompt_set),
+                            prompts_per_step=s.peer_prompts_per_step or cfg.train.prompts_per_step,
+                            salt=s.swarm_id, horizontal=s.collaboration == "horizontal",
+                            window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
 
 
 def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, ledger: Any):

@@ -5,25 +5,36 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swarm_node.config import SwarmConfig
+from swarm_node.config import SwarmConfig, TaskConfig
 from swarm_node.node.assemble import start_transport, usable_maddrs
 
 
+def seed_task(task: str, source: str | None, task_seed: int = 0) -> TaskConfig:
+    """The task a seeded set is built from; `task_seed`: the arithmetic task's procedural seed (another
+    seed, another set of the same size and levels)."""
+    from swarm_node.util.errors import InputError
+
+    if task_seed and task != "arithmetic":
+        raise InputError(f"--task-seed {task_seed} applies to the arithmetic task only ({task} loads a dataset)",
+                         "leave --task-seed out, or pick the problems with --source")
+    return TaskConfig(name=task, source=source, seed=task_seed)
+
+
 def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, key_file: Path,
-             initial_peers: list[str], node_dir: Path, hold: float) -> None:
+             initial_peers: list[str], node_dir: Path, hold: float, task_seed: int = 0) -> None:
     import time
 
-    from swarm_node.config import TaskConfig
     from swarm_node.swarm.identity import load_or_create_key, public_key_text
     from swarm_node.swarm.prompts import seed_prompt_set
     from swarm_node.tasks import load_prompt_set
 
-    prompt_set = load_prompt_set(TaskConfig(name=task, source=source))
+    prompt_set = load_prompt_set(seed_task(task, source, task_seed))
     operator = load_or_create_key(key_file)
     swarm_cfg = SwarmConfig(swarm_id=swarm_id, initial_peers=initial_peers)
     transport = start_transport(swarm_cfg, node_dir)
     try:
-        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or f"{task}:{source or 'builtin'}",
+        default_name = f"{task}:{source or 'builtin'}" + (f":seed{task_seed}" if task_seed else "")
+        manifest = seed_prompt_set(transport, swarm_id, prompt_set, name or default_name,
                                    operator, ttl_s=swarm_cfg.record_ttl_s)
         print(f"prompt set id:     {manifest.prompt_set_id}")
         print(f"problems:          {manifest.num_problems}")
@@ -44,7 +55,8 @@ def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, 
 
 def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,
                        initial_peers: list[str], node_dir: Path, ttl_s: float | None) -> None:
-    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it and refuse to load it."""
+    """Store the operator's signed tombstone of a prompt set: nodes stop re-storing it; nodes with the
+    operator key configured follow `successor`, the others refuse to load the set."""
     from protocol import keys
     from protocol.messages import ProtocolError
     from swarm_node.util.errors import InputError
@@ -72,3 +84,5 @@ def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: s
     if tombstone.successor:
         print(f"successor:         {tombstone.successor}")
     print("nodes stop re-storing it at their next check; its records lapse within swarm.record_ttl_s after that")
+    if tombstone.successor:
+        print("nodes with swarm.prompt_set_owner set switch to the successor between two steps, and start on it")

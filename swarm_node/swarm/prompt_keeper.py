@@ -42,16 +42,28 @@ lifetime thus sees about one whole-set re-store (plus the few nodes whose times 
 read of each other) instead of one per node, and one re-store of each part per part-holder.
 
 The end of a set. A verified tombstone from the set's owner key (prompts.end_prompt_set, `swarm-node
-end-prompt-set`) stops the keeper for good; it logs that once and replaces its own manifest copy by
-the tombstone (same subkey, expiring no earlier), so the set lapses within one TTL and the tombstone
-is held by more than one writer. A tombstone ends the manifests of its key created (DHT time) at or
-before it: the operator may seed the set again later (a replayed old tombstone cannot end it for
-good), though a node that saw the end stays stopped. A tombstone that fails verification ends nothing and is counted
-(`tombstone_bad_signature`, `tombstone_wrong_owner`, ...), as is any other bad record under the key.
+end-prompt-set`) stops the keeper's re-stores of that set for good; it logs that once and replaces
+its own manifest copy by the tombstone (same subkey, expiring no earlier), so the set lapses within
+one TTL and the tombstone is held by more than one writer. A tombstone ends the manifests of its key
+created (DHT time) at or before it: the operator may seed the set again later (a replayed old
+tombstone cannot end it for good), though a node that saw the end does not re-store it again. A
+tombstone that fails verification ends nothing and is counted (`tombstone_bad_signature`,
+`tombstone_wrong_owner`, ...), as is any other bad record under the key.
+
+The successor (`follow`, for a node whose operator key is configured). A keeper that follows also
+reads the key every `watch_interval_s` between re-stores, so it sees the end within that time
+(whether or not it re-stores: budget 0 only watches). At a verified tombstone that names a
+successor, its thread loads the successor (`prompts.load_followed`: same operator key, a chain of
+ends followed to its end, again every `watch_interval_s` while it is not found; an end that leads
+nowhere is final, and the node stays on its set). The step loop takes it at a step boundary through
+`step_metrics`: the node switches its parts (`on_successor`, set by the node's assembly), the keeper
+keeps the successor alive from then on as it kept the ended set, and the step counts
+`prompt_set_switches`.
 
 The keeper runs in a daemon thread (`start`), off the training step: a tick reads one key when a
-re-store is due and does nothing otherwise. The node reads `step_metrics()` and `take_drops()` each
-step (re-stores, bytes); a failure of the keeper's own code surfaces there, in the step loop.
+re-store or a watch read is due and does nothing otherwise. The node reads `step_metrics()` and
+`take_drops()` each step (re-stores, bytes, switches); a failure of the keeper's own code surfaces
+there, in the step loop.
 """
 
 from __future__ import annotations
@@ -61,12 +73,23 @@ import logging
 import random
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from protocol import keys
 from protocol.messages import PromptSetTombstone
-from swarm_node.metric_names import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES
+from swarm_node.metric_names import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES, PROMPT_SET_SWITCHES
 from swarm_node.swarm.periodic import PeriodicThread
-from swarm_node.swarm.prompts import PromptSetRecords, VerifiedRecord, ended_message, read_records
+from swarm_node.swarm.prompts import (
+    FollowedSet,
+    PromptSetEnded,
+    PromptSetError,
+    PromptSetRecords,
+    VerifiedRecord,
+    ended_message,
+    load_followed,
+    read_records,
+    valid_successor,
+)
 from swarm_node.swarm.transport import DropCounter, Transport
 
 log = logging.getLogger(__name__)
@@ -96,54 +119,87 @@ class PromptSetKeeper(PeriodicThread):
     owner: the operator key the set must be signed with (None: the key of the first verified
     manifest read, which then must also sign the tombstone). ttl_s: the expiration given to each
     re-store (the node's `swarm.record_ttl_s`). budget_bytes: manifest plus chunks held and re-stored.
+    follow: load the successor an end names (needs `owner`: see prompts.py), read the key every
+    `watch_interval_s` (default ttl_s / 3); on_successor: the node's switch to a loaded successor,
+    called by `step_metrics` in the step loop.
     """
 
     thread_name = "prompt-keeper"
 
     def __init__(self, transport: Transport, swarm_id: str, prompt_set_id: str, owner: str | bytes | None, *,
                  ttl_s: float, budget_bytes: int, timeout: float = 10.0, rng: random.Random | None = None,
-                 check_interval_s: float | None = None) -> None:
+                 check_interval_s: float | None = None, follow: bool = False, watch_interval_s: float | None = None,
+                 on_successor: Callable[[FollowedSet], None] | None = None) -> None:
         if ttl_s <= 0 or budget_bytes < 0:
             raise ValueError(f"ttl_s must be > 0 and budget_bytes >= 0, got {ttl_s}, {budget_bytes}")
+        if follow and owner is None:
+            raise ValueError("following a successor needs the operator key (owner)")
         self.transport = transport
-        self.prompt_set_id = keys.check_name(prompt_set_id, "prompt set id")
-        self.key = keys.prompt_manifest_key(swarm_id, prompt_set_id)
+        self.swarm_id = swarm_id
         self.owner = owner.encode() if isinstance(owner, str) else owner
-        self.ttl_s, self.budget_bytes, self.timeout = ttl_s, budget_bytes, timeout
+        self.ttl_s, self.timeout = ttl_s, timeout
         self.rng = rng or random.Random()
         self.check_interval_s = check_interval_s or min(10.0, max(0.05, ttl_s / 30.0))
-        self.due = float("-inf")  # first tick reads the key
-        self.expiration: float | None = None  # the set's expiration the current `due` was drawn from
-        self.ended: PromptSetTombstone | None = None
+        self.follow, self.on_successor = follow, on_successor
+        self.watch_interval_s = watch_interval_s or ttl_s / 3.0
         self.restores = 0
         self.restored_bytes = 0
         self.skipped = 0  # due times at which another node had already extended the set
+        self.switches = 0  # successors the node took (step_metrics)
         self.drops = DropCounter()
+        self._budget = budget_bytes
+        self._reported = (0, 0, 0, DropCounter())
+        self._error: BaseException | None = None
+        self._drops_lock = threading.Lock()  # the step loop copies `drops` while this thread counts
+        self._lock = threading.Lock()  # a tick against the step loop's switch to a successor
+        self._keep(keys.check_name(prompt_set_id, "prompt set id"))
+        self._init_thread()
+
+    def _keep(self, prompt_set_id: str) -> None:
+        """Start keeping `prompt_set_id` (at construction, and when the node switched to a successor)."""
+        self.prompt_set_id = prompt_set_id
+        self.key = keys.prompt_manifest_key(self.swarm_id, prompt_set_id)
+        self.budget_bytes = self._budget
+        self.due = self._watch_due = float("-inf")  # first tick reads the key
+        self.expiration: float | None = None  # the set's expiration the current `due` was drawn from
+        self.ended: PromptSetTombstone | None = None
         self.manifest: VerifiedRecord | None = None  # the verified manifest record held
         self.chunks: dict[str, bytes] = {}  # digest -> verified chunk bytes held (within the budget)
         self._share: list[str] | None = None
         self.partial = False  # True once the set turned out larger than the budget (this node keeps a part)
         self._drawn = (0.0, 0.0, 0.0)  # (now, expiration, u) of the last draw of `due`
         self._seen_bad: set[tuple[str, float]] = set()
-        self._reported = (0, 0, DropCounter())
-        self._error: BaseException | None = None
-        self._drops_lock = threading.Lock()  # the step loop copies `drops` while this thread counts
-        self._init_thread()
+        self.successor: FollowedSet | None = None  # loaded after the end, until the node takes it
+        self.follow_failed: str | None = None  # why the end leads nowhere this node can follow
+        self._follow_due = float("-inf")
+        self._follow_warned = False
 
     # ---- one check ------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Re-store the set if it is due (reading the key first); otherwise nothing."""
-        if self.ended is not None or self.budget_bytes == 0:
+        """Re-store the set if it is due, or look for its end if a watch read is due (reading the key
+        first); after the end, load the successor to follow; otherwise nothing."""
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
+        if self.ended is not None:
+            self._follow(self.ended)
+            return
+        if self.budget_bytes == 0 and not self.follow:
             return
         now = self.transport.dht_time()
-        if now < self.due:
+        restore_due = self.budget_bytes > 0 and now >= self.due
+        if not restore_due and not (self.follow and now >= self._watch_due):
             return
+        self._watch_due = now + self.watch_interval_s
         records = self._read()
         tombstone = self._tombstone(records)
         if tombstone is not None:
             self._end(tombstone, records, now)
             return
+        if not restore_due:
+            return  # a watch read: only the end is looked for
         live = records.live_manifests()
         if self.manifest is None and live and not self._adopt(live[0]):
             return
@@ -252,13 +308,42 @@ class PromptSetKeeper(PeriodicThread):
 
     def _end(self, tombstone: PromptSetTombstone, records: PromptSetRecords, now: float) -> None:
         self.ended = tombstone
-        log.info("%s: this node no longer re-stores it", ended_message(self.prompt_set_id, tombstone))
+        if self.follow and tombstone.successor:
+            log.info("prompt set %s was ended by its operator: this node no longer re-stores it and follows its "
+                     "successor %s", self.prompt_set_id, tombstone.successor)
+        else:
+            log.info("%s: this node no longer re-stores it", ended_message(self.prompt_set_id, tombstone))
         mine = [r for r in records.manifests if r.writer == self.transport.peer_id]
         record = next(r for r in records.tombstones if r.message is tombstone)
         expiration = max([record.item.expiration_time, *(r.item.expiration_time for r in mine)])
         if mine and expiration > now:  # replace this node's copy of the manifest by the tombstone
             self.transport.store_owned(self.key, record.item.value, expiration, self.timeout)
         self.manifest, self.chunks = None, {}
+
+    def _follow(self, ended: PromptSetTombstone) -> None:
+        """Load the successor `ended` names (once; again every watch interval while it is not found)."""
+        if not self.follow or not ended.successor or self.successor is not None or self.follow_failed:
+            return
+        if not valid_successor(ended):
+            self.follow_failed = f"its tombstone names no valid successor ({ended.successor!r})"
+            log.warning("prompt set %s was ended by its operator, and %s: this node goes on training on it",
+                        self.prompt_set_id, self.follow_failed)
+            return
+        now = self.transport.dht_time()
+        if now < self._follow_due:
+            return
+        try:
+            self.successor = load_followed(self.transport, self.swarm_id, ended.successor, self.owner,
+                                           timeout=self.timeout, ended=(self.prompt_set_id,))
+        except PromptSetEnded as e:  # the chain leads nowhere: the node stays where it is
+            self.follow_failed = str(e)
+            log.warning("%s: this node goes on training on %s", e, self.prompt_set_id)
+        except PromptSetError as e:  # not (yet) found, or no copy verified: look again later
+            self._follow_due = now + self.watch_interval_s
+            if not self._follow_warned:
+                log.warning("%s: this node trains on %s meanwhile and tries again every %.0fs", e,
+                            self.prompt_set_id, self.watch_interval_s)
+                self._follow_warned = True
 
     def _count_rejected(self, rejected: dict[str, str], entries: dict) -> None:
         """Count each bad record once (the same record is read again at every check)."""
@@ -277,26 +362,35 @@ class PromptSetKeeper(PeriodicThread):
     # ---- what the node reads each step ------------------------------------------------------
 
     def step_metrics(self) -> dict[str, float]:
-        """Re-stores and bytes since the last call; raises what stopped the keeper's thread, if anything."""
+        """Re-stores, bytes and switches since the last call; raises what stopped the keeper's thread,
+        if anything. Called between steps: a loaded successor is handed to `on_successor` here (the
+        node switches; if that raises, nothing changed here), then kept alive instead of the ended set."""
         if self._error is not None:
             raise RuntimeError(f"the prompt-set keeper failed: {self._error}") from self._error
-        restores, restored_bytes, _ = self._reported
-        self._reported = (self.restores, self.restored_bytes, self._reported[2])
+        followed = self.successor
+        if followed is not None and self.on_successor is not None:
+            self.on_successor(followed)
+            with self._lock:
+                self._keep(followed.prompt_set.id)
+            self.switches += 1
+        restores, restored_bytes, switches, _ = self._reported
+        self._reported = (self.restores, self.restored_bytes, self.switches, self._reported[3])
         return {PROMPT_SET_RESTORES: float(self.restores - restores),
-                PROMPT_SET_RESTORED_BYTES: float(self.restored_bytes - restored_bytes)}
+                PROMPT_SET_RESTORED_BYTES: float(self.restored_bytes - restored_bytes),
+                PROMPT_SET_SWITCHES: float(self.switches - switches)}
 
     def take_drops(self) -> Counter:
         """Bad records and failed fetches counted since the last call, by reason."""
-        seen = self._reported[2]
+        seen = self._reported[3]
         with self._drops_lock:
             now = DropCounter(self.drops)
-        self._reported = (self._reported[0], self._reported[1], now)
+        self._reported = (*self._reported[:3], now)
         return Counter({k: v - seen.get(k, 0) for k, v in now.items() if v - seen.get(k, 0) > 0})
 
     # ---- background thread (swarm/periodic.py) ----------------------------------------------
 
     def _wants_thread(self) -> bool:
-        return self.budget_bytes > 0
+        return self.budget_bytes > 0 or self.follow
 
     def _tick_once(self) -> bool:
         try:
@@ -306,4 +400,5 @@ class PromptSetKeeper(PeriodicThread):
         except Exception as e:  # noqa: BLE001  (surfaced in the step loop by step_metrics)
             self._error = e
             return False
-        return self.ended is None
+        # an ended set that names a successor to follow keeps the thread (it loads it, then keeps it alive)
+        return self.ended is None or (self.follow and bool(self.ended.successor) and self.follow_failed is None)

@@ -11,6 +11,13 @@ over every question and answer), so a loaded set is checked three ways: the mani
 against the configured operator key, every chunk against its digest, and the problems against
 the id. Without a configured key only the last two hold (the id is self-certifying), and the
 load logs that the set is unsigned-by-choice.
+
+An operator ends a set with a signed tombstone under the same key (`end_prompt_set`), optionally
+naming its successor. `load_followed` follows successors when the operator key is configured: the
+end of a set, signed by that key, leads to the set it names, verified against the same key, up to
+`MAX_SUCCESSOR_HOPS` ends in a row; a loop, a longer chain or an end without successor is final
+(`PromptSetEnded`). Without a configured key nothing is followed: any key can sign a manifest of a
+public set and end it, so only the operator's key may redirect a node.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_CHUNK_BYTES = 256 << 10  # encoded PromptChunk target; the blob limit is 1 MiB
 MAX_ITEMS_PER_CHUNK = 1024
+MAX_SUCCESSOR_HOPS = 8  # ended sets `load_followed` follows in a row before it gives up
 
 
 class PromptSetError(RuntimeError):
@@ -38,7 +46,12 @@ class PromptSetError(RuntimeError):
 
 
 class PromptSetEnded(PromptSetError):
-    """The set's operator ended it (a verified tombstone)."""
+    """The set's operator ended it (a verified tombstone: `tombstone.successor` names its replacement,
+    "" for none), or its successors lead nowhere a node can follow (a loop, too long a chain)."""
+
+    def __init__(self, message: str, tombstone: PromptSetTombstone) -> None:
+        super().__init__(message)
+        self.tombstone = tombstone
 
 
 def _chunk_problems(problems: tuple[Problem, ...]) -> list[bytes]:
@@ -282,5 +295,79 @@ def load_prompt_set(
     if owner is not None and not records.manifests:
         ended.append(records.tombstone_for(owner))
     if not records.live_manifests() and any(ended):
-        raise PromptSetEnded(ended_message(prompt_set_id, next(t for t in ended if t is not None)))
+        tombstone = next(t for t in ended if t is not None)
+        raise PromptSetEnded(ended_message(prompt_set_id, tombstone), tombstone)
     raise PromptSetError(f"no valid copy of prompt set {prompt_set_id}: {'; '.join(rejected)}")
+
+
+def valid_successor(tombstone: PromptSetTombstone) -> bool:
+    """Whether the tombstone names a successor that is a valid prompt set id (validate checks no more
+    than its signature and owner)."""
+    try:
+        keys.check_name(tombstone.successor, "successor prompt set id")
+    except ProtocolError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class FollowedSet:
+    """What `load_followed` found: the set to train on, and the ended sets followed to reach it
+    (in order, the one asked for first; empty when that one is live)."""
+
+    prompt_set: PromptSet
+    ended: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        """One line: which ended set this follows (empty when nothing was followed)."""
+        if not self.ended:
+            return ""
+        chain = " -> ".join((*self.ended, self.prompt_set.id))
+        return (f"prompt set {self.ended[0]} was ended by its operator: following its successor "
+                f"{self.prompt_set.id}" + (f" ({chain})" if len(self.ended) > 1 else ""))
+
+
+def load_followed(
+    transport: Transport,
+    swarm_id: str,
+    prompt_set_id: str,
+    owner_public_key: str | bytes | None,
+    *,
+    timeout: float = 30.0,
+    ended: tuple[str, ...] = (),
+    max_hops: int = MAX_SUCCESSOR_HOPS,
+) -> FollowedSet:
+    """`load_prompt_set`, following the successors of ended sets when `owner_public_key` is given
+    (the tombstone, and the successor's manifest, must be that key's). `ended`: sets already
+    followed to reach `prompt_set_id` (a node that saw its set's tombstone itself). Raises
+    PromptSetEnded for an end without successor, without a key, in a loop or past `max_hops` ends;
+    PromptSetError (naming the ended sets) when a successor is not found or no copy of it verifies."""
+    path = list(ended)
+    current = prompt_set_id
+    while True:
+        try:
+            return FollowedSet(load_prompt_set(transport, swarm_id, current, owner_public_key, timeout=timeout),
+                               tuple(path))
+        except PromptSetEnded as e:
+            successor = e.tombstone.successor
+            if path and not successor:
+                raise PromptSetEnded(f"{e} (followed from {' -> '.join(path)})", e.tombstone) from None
+            if owner_public_key is None or not successor:
+                raise
+            path.append(current)
+            chain = " -> ".join((*path, successor))
+            if not valid_successor(e.tombstone):
+                raise PromptSetEnded(f"prompt set {path[0]} was ended by its operator, naming no valid successor "
+                                     f"({chain}): ask the operator which prompt set to use", e.tombstone) from None
+            if successor in path:
+                raise PromptSetEnded(f"prompt set {path[0]} was ended by its operator, and its successors loop "
+                                     f"({chain}): ask the operator which prompt set to use", e.tombstone) from None
+            if len(path) > max_hops:
+                raise PromptSetEnded(f"prompt set {path[0]} was ended by its operator, and its successors were "
+                                     f"ended more than {max_hops} times in a row ({chain}): ask the operator "
+                                     "which prompt set to use", e.tombstone) from None
+            current = successor
+        except PromptSetError as e:  # not found, or no copy verified
+            if not path:
+                raise
+            raise PromptSetError(f"{e} (the successor of ended prompt set {' -> '.join(path)})") from e

@@ -294,3 +294,98 @@ def test_a_failure_in_the_keeper_thread_surfaces_in_the_step_loop(seeded, operat
     keeper._thread.join(5)
     with pytest.raises(RuntimeError, match="prompt-set keeper failed: a bug"):
         keeper.step_metrics()
+
+
+def test_a_following_keeper_loads_the_successor_and_keeps_it_alive_once_the_node_takes_it(seeded, operator,
+                                                                                        caplog) -> None:
+    swarm, clock, ps, manifest = seeded
+    successor = _prompt_set(40)
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, successor, "next", operator, ttl_s=TTL)
+    taken: list = []
+    keeper = _keeper(swarm, ps, operator.public_key, follow=True, on_successor=taken.append)
+    assert keeper.watch_interval_s == pytest.approx(TTL / 3)
+    _run(clock, [keeper], TTL / 2)
+    assert keeper.step_metrics()["prompt_set_switches"] == 0 and keeper.successor is None
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, ps.id, operator, successor=successor.id, ttl_s=36 * TTL)
+    with caplog.at_level(logging.INFO, logger="swarm_node.swarm.prompt_keeper"):
+        _run(clock, [keeper], keeper.watch_interval_s + 1)  # a watch read sees the end, the next tick loads
+    assert keeper.ended is not None and keeper.successor is not None
+    assert keeper.successor.prompt_set == successor and keeper.successor.ended == (ps.id,)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"prompt set {ps.id} was ended by its operator: this node no longer re-stores it and follows its "
+        f"successor {successor.id}"]
+    assert taken == []  # the node takes it between steps, through step_metrics
+    metrics = keeper.step_metrics()
+    assert metrics["prompt_set_switches"] == 1 and [f.prompt_set for f in taken] == [successor]
+    assert keeper.prompt_set_id == successor.id and keeper.ended is None and keeper.successor is None
+    assert keeper.step_metrics()["prompt_set_switches"] == 0  # per call
+    # From now on the keeper keeps the successor alive, as it kept the ended set, after its seeder left.
+    restores = keeper.restores
+    _run(clock, [keeper], 4 * TTL)
+    assert keeper.restores >= restores + 3 and _loads(swarm, successor, operator.public_key)
+    assert all(swarm.get_blob(d) is None for d in manifest.chunk_digests)  # the ended set lapsed
+
+
+def test_a_watch_only_keeper_sees_the_end_within_its_watch_interval(seeded, operator) -> None:
+    swarm, clock, ps, _ = seeded
+    successor = _prompt_set(40)
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, successor, "next", operator, ttl_s=20 * TTL)
+    keeper = _keeper(swarm, ps, operator.public_key, budget=0, follow=True, watch_interval_s=10.0)
+    assert keeper._wants_thread()  # budget 0 re-stores nothing but still watches
+    _run(clock, [keeper], 15.0)
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, ps.id, operator, successor=successor.id, ttl_s=36 * TTL)
+    _run(clock, [keeper], 11.0)
+    assert keeper.successor is not None and keeper.successor.prompt_set == successor
+    assert keeper.restores == 0 and keeper.transport.traffic["bytes_out"] == 0
+    assert keeper.step_metrics()["prompt_set_switches"] == 0  # no node took it (no on_successor): it waits
+    assert keeper.successor is not None and keeper.prompt_set_id == ps.id
+
+
+def test_a_missing_successor_is_tried_again_and_an_end_leading_nowhere_is_final(seeded, operator, caplog) -> None:
+    swarm, clock, ps, _ = seeded
+    successor, last = _prompt_set(40), _prompt_set(30)
+    keeper = _keeper(swarm, ps, operator.public_key, follow=True, on_successor=lambda followed: None)
+    _run(clock, [keeper], 5.0)
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, ps.id, operator, successor=successor.id, ttl_s=36 * TTL)
+    with caplog.at_level(logging.WARNING, logger="swarm_node.swarm.prompt_keeper"):
+        _run(clock, [keeper], 3 * keeper.watch_interval_s)
+    assert keeper.ended is not None and keeper.successor is None and keeper._tick_once()
+    warned = [r.getMessage() for r in caplog.records if "tries again" in r.getMessage()]
+    assert len(warned) == 1 and f"the successor of ended prompt set {ps.id}" in warned[0]  # warned once
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, successor, "next", operator, ttl_s=TTL)
+    _run(clock, [keeper], keeper.watch_interval_s + 1)
+    assert keeper.successor is not None and keeper.successor.prompt_set == successor
+    assert keeper.step_metrics()["prompt_set_switches"] == 1 and keeper.prompt_set_id == successor.id
+    # The successor ends too, and its successor was ended without one: the node stays where it is.
+    seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, last, "last", operator, ttl_s=TTL)
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, last.id, operator, ttl_s=36 * TTL)
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, successor.id, operator, successor=last.id, ttl_s=36 * TTL)
+    _run(clock, [keeper], keeper.watch_interval_s + 2)
+    assert keeper.ended is not None and keeper.successor is None
+    assert keeper.follow_failed is not None and f"followed from {successor.id}" in keeper.follow_failed
+    assert not keeper._tick_once()  # the thread ends
+    assert keeper.step_metrics()["prompt_set_switches"] == 0 and keeper.prompt_set_id == successor.id
+
+
+def test_only_a_keeper_with_the_operator_key_follows(seeded) -> None:
+    swarm, _, ps, _ = seeded
+    with pytest.raises(ValueError, match="needs the operator key"):
+        _keeper(swarm, ps, None, follow=True)
+
+
+def test_a_tombstone_naming_no_valid_successor_is_not_followed(seeded, operator) -> None:
+    swarm, clock, ps, _ = seeded
+    keeper = _keeper(swarm, ps, operator.public_key, follow=True, on_successor=lambda followed: None)
+    _run(clock, [keeper], 5.0)
+    # Signed by the operator (end_prompt_set itself refuses such a name): a bad name must not crash anyone.
+    tombstone = prompts.PromptSetTombstone(prompt_set_id=ps.id, owner_public_key=operator.public_key,
+                                           ended_at=clock.t, successor="not a set id!")
+    tombstone = dataclasses.replace(tombstone,
+                                    signature=operator.private_key.sign(codec.tombstone_signing_bytes(tombstone)))
+    MemoryTransport(swarm, "op").store_owned(keys.prompt_manifest_key(SWARM, ps.id), codec.encode(tombstone),
+                                             clock.t + 36 * TTL, 1.0)
+    _run(clock, [keeper], keeper.watch_interval_s + 2)
+    assert keeper.ended is not None and keeper.successor is None and "no valid successor" in keeper.follow_failed
+    assert not keeper._tick_once() and keeper.step_metrics()["prompt_set_switches"] == 0
+    with pytest.raises(PromptSetEnded, match="naming no valid successor"):
+        prompts.load_followed(MemoryTransport(swarm, "late"), SWARM, ps.id, operator.public_key, timeout=1)

@@ -111,3 +111,101 @@ def test_an_ended_set_is_refused_with_a_one_line_error(operator, stranger) -> No
     with pytest.raises(PromptSetError) as missing:
         load_prompt_set(MemoryTransport(swarm, "n"), SWARM, "arithmetic-00", None, timeout=1)
     assert isinstance(describe(missing.value), RuntimeFailure)
+
+
+def _chain(swarm, operator, n: int, ends: list[tuple[int, int | None]]) -> list[PromptSet]:
+    """`n` seeded sets; `ends`: (ended set, its successor or None), each signed by the operator."""
+    from swarm_node.swarm.prompts import end_prompt_set
+
+    sets = [_prompt_set(salt=f" (set {i})") for i in range(n)]
+    for ps in sets:
+        seed_prompt_set(MemoryTransport(swarm, "seeder"), SWARM, ps, "tiny", operator)
+    for ended, successor in ends:
+        end_prompt_set(MemoryTransport(swarm, "op"), SWARM, sets[ended].id, operator,
+                       successor=sets[successor].id if successor is not None else "")
+    return sets
+
+
+def test_an_ended_set_is_followed_to_the_end_of_its_successors(operator) -> None:
+    from swarm_node.swarm.prompts import load_followed
+
+    swarm = MemorySwarm()
+    a, b, c = _chain(swarm, operator, 3, [(0, 1), (1, 2)])
+    followed = load_followed(MemoryTransport(swarm, "n"), SWARM, a.id, operator.public_key, timeout=1)
+    assert followed.prompt_set == c and followed.ended == (a.id, b.id)
+    assert followed.message() == (f"prompt set {a.id} was ended by its operator: following its successor {c.id} "
+                                  f"({a.id} -> {b.id} -> {c.id})")
+    live = load_followed(MemoryTransport(swarm, "n"), SWARM, c.id, operator.public_key, timeout=1)
+    assert live.prompt_set == c and live.ended == () and live.message() == ""
+
+
+def test_only_the_operator_key_redirects_a_node(operator, stranger) -> None:
+    from swarm_node.swarm.prompts import PromptSetEnded, end_prompt_set, load_followed
+
+    swarm = MemorySwarm()
+    a, b = _chain(swarm, operator, 2, [])
+    # A stranger's tombstone naming a successor is not followed: the set is still live for its operator.
+    end_prompt_set(MemoryTransport(swarm, "mallory"), SWARM, a.id, stranger, successor=b.id)
+    followed = load_followed(MemoryTransport(swarm, "n"), SWARM, a.id, operator.public_key, timeout=1)
+    assert followed.prompt_set == a and followed.ended == ()
+    # The operator's is followed, but only with the operator key configured: without it, any key could
+    # sign a copy of a public set and end it, so the end is today's error.
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, a.id, operator, successor=b.id)
+    assert load_followed(MemoryTransport(swarm, "n"), SWARM, a.id, operator.public_key, timeout=1).prompt_set == b
+    with pytest.raises(PromptSetEnded, match=f"use its successor \\(--set swarm.prompt_set_id={b.id}\\)"):
+        load_followed(MemoryTransport(swarm, "n"), SWARM, a.id, None, timeout=1)
+
+
+def test_an_end_without_successor_a_loop_or_a_long_chain_is_a_clear_error(operator) -> None:
+    from swarm_node.swarm.prompts import PromptSetEnded, end_prompt_set, load_followed
+    from swarm_node.util.errors import InputError, describe
+
+    swarm = MemorySwarm()
+    sets = _chain(swarm, operator, 12, [(0, None), (1, 2), (2, None), (3, 4), (4, 3)]
+                  + [(i, i + 1) for i in range(5, 11)])
+    owner = operator.public_key
+    with pytest.raises(PromptSetEnded, match="ask the operator which prompt set to use") as info:
+        load_followed(MemoryTransport(swarm, "n"), SWARM, sets[0].id, owner, timeout=1)
+    assert str(info.value) == (f"prompt set {sets[0].id} was ended by its operator: "
+                               "ask the operator which prompt set to use")  # as before successors were followed
+    assert isinstance(describe(info.value), InputError)
+    with pytest.raises(PromptSetEnded, match=f"ask the operator .* \\(followed from {sets[1].id}\\)"):
+        load_followed(MemoryTransport(swarm, "n"), SWARM, sets[1].id, owner, timeout=1)
+    with pytest.raises(PromptSetEnded, match=f"successors loop \\({sets[3].id} -> {sets[4].id} -> {sets[3].id}\\)"):
+        load_followed(MemoryTransport(swarm, "n"), SWARM, sets[3].id, owner, timeout=1)
+    # 5 -> 6 -> ... -> 11: six ends in a row are followed, more than max_hops are not.
+    assert load_followed(MemoryTransport(swarm, "n"), SWARM, sets[5].id, owner, timeout=1).prompt_set == sets[11]
+    with pytest.raises(PromptSetEnded, match="ended more than 5 times in a row"):
+        load_followed(MemoryTransport(swarm, "n"), SWARM, sets[5].id, owner, timeout=1, max_hops=5)
+    # A successor not (yet) seeded: the error says which ended set named it.
+    end_prompt_set(MemoryTransport(swarm, "op"), SWARM, sets[11].id, operator, successor="arithmetic-0123")
+    with pytest.raises(PromptSetError, match=f"arithmetic-0123 not found .* \\(the successor of ended prompt set "
+                                             f"{sets[5].id} -> .* -> {sets[11].id}\\)") as missing:
+        load_followed(MemoryTransport(swarm, "n"), SWARM, sets[5].id, owner, timeout=1)
+    assert not isinstance(missing.value, PromptSetEnded)
+    assert prompts.MAX_SUCCESSOR_HOPS == 8
+
+
+def test_seed_takes_the_arithmetic_task_seed(operator, tmp_path, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    from swarm_node.ops.cli import app
+    from swarm_node.config import TaskConfig
+    from swarm_node.ops import prompt_sets as ops
+    from swarm_node.tasks import load_prompt_set as load_task
+
+    swarm = MemorySwarm()
+    monkeypatch.setattr(ops, "start_transport", lambda swarm_cfg, node_dir: MemoryTransport(swarm, "seeder"))
+    key = tmp_path / "operator.key"
+    ids = []
+    for extra in ([], ["--task-seed", "1"]):
+        result = CliRunner().invoke(app, ["seed", "--task", "arithmetic", "--swarm-id", SWARM, "--key-file", str(key),
+                                          "--hold", "0.01", *extra])
+        assert result.exit_code == 0, result.output
+        ids.append(next(line.split()[-1] for line in result.output.splitlines() if line.startswith("prompt set id:")))
+    assert ids[0] != ids[1]  # another seed, another set
+    owner = load_or_create_key(key).public_key
+    assert load_prompt_set(MemoryTransport(swarm, "n"), SWARM, ids[1], owner, timeout=1) == \
+        load_task(TaskConfig(name="arithmetic", seed=1))
+    result = CliRunner().invoke(app, ["seed", "--task", "gsm8k", "--task-seed", "1", "--key-file", str(key)])
+    assert result.exit_code != 0 and "--task-seed 1 applies to the arithmetic task only" in str(result.exception)

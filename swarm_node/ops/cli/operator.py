@@ -24,6 +24,8 @@ from swarm_node.util.errors import describe
 
 def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")] = "gsm8k",
          source: Annotated[Optional[str], typer.Option(help="Hub dataset id or local .jsonl path.")] = None,
+         task_seed: Annotated[int, typer.Option(min=0, help="Arithmetic: the procedural set's seed (task.seed); "
+                                                "another seed seeds another set.")] = 0,
          name: Annotated[Optional[str], typer.Option(help="Human-readable name of the prompt set.")] = None,
          swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
          key_file: Annotated[Path, typer.Option(help="Operator signing key (created if missing, mode 0600).")] = Path("operator.key"),
@@ -35,12 +37,12 @@ def seed(task: Annotated[str, typer.Option(help="arithmetic, gsm8k or math500.")
 
     setup_logging()
     run_seed(task=task, source=source, name=name, swarm_id=swarm_id, key_file=key_file,
-             initial_peers=initial_peer or [], node_dir=node_dir, hold=hold)
+             initial_peers=initial_peer or [], node_dir=node_dir, hold=hold, task_seed=task_seed)
 
 
 def end_prompt_set(prompt_set_id: Annotated[str, typer.Argument(help="The id `swarm-node seed` printed.")],
-                   successor: Annotated[Optional[str], typer.Option(help="Id of the set that replaces it (shown to "
-                                                                              "nodes that try to load this one).")] = None,
+                   successor: Annotated[Optional[str], typer.Option(help="Id of the set that replaces it (nodes "
+                                                                              "with the operator key switch to it).")] = None,
                    swarm_id: Annotated[str, typer.Option()] = "swarm-node-default",
                    key_file: Annotated[Path, typer.Option(help="The operator key the set was seeded with.")] = Path("operator.key"),
                    initial_peer: PeerOpt = None,
@@ -49,7 +51,8 @@ def end_prompt_set(prompt_set_id: Annotated[str, typer.Argument(help="The id `sw
                                                                          "swarm.max_record_ttl_s, 3600).")] = None,
                    verbose: VerboseOpt = False) -> None:
     """End a seeded prompt set: store a tombstone signed by the operator key. Nodes stop re-storing the set
-    (it lapses within one record TTL) and refuse to load it."""
+    (it lapses within one record TTL); nodes with its operator key (swarm.prompt_set_owner) move to the
+    --successor, running or starting; others refuse to load it."""
     from swarm_node.ops.prompt_sets import run_end_prompt_set
 
     setup_logging(verbose)
