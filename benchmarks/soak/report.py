@@ -233,6 +233,7 @@ def status_reads(run_dir: Path, light: set[str], ids: dict[str, str]) -> list[di
     for r in read_jsonl(run_dir / "status.jsonl"):
         shown = set(r["peer_ids"])
         out.append({"label": r["label"], "seconds": round(r["seconds"], 2), "records": r["records"],
+                    "loadavg_1min": r.get("loadavg_1min"),
                     "exit_code": r["exit_code"], "light_shown": len(shown & light), "light_peers": len(light),
                     "training_shown": len(shown & set(ids)), "live": r["live_processes"]})
     return out
@@ -378,12 +379,21 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
                                   if light_rows else None},
         "recoveries": rec, "fairness": fair, "exclusions": excl, "kills": kills, "status": status,
         "given_vs_ledger": given, "scale_model": predicted, "steps_per_window_median": round(spw, 2),
+        "loadavg_1min_mean": machine_load(run_dir, samples),
         "slow_node": {"name": slow, "peer_id": name_to_id.get(slow), "groups_taken_by_others": slow_taken,
                       **({k: nodes[slow].get(k) for k in ("steps", "gen_seconds_mean", "step_seconds_mean")}
                          if slow else {})},
         "heldout": heldout_trend(run_dir, smol) if smol else [],
         "goals": goals,
     }
+
+
+def machine_load(run_dir: Path, samples: list[dict[str, Any]]) -> float | None:
+    """Mean 1-minute load average over the run (2 cores: above 2, processes wait for a core)."""
+    loads = [s["loadavg_1min"] for s in samples if "loadavg_1min" in s]
+    if not loads and (run_dir / "loadavg.txt").exists():  # sampled beside the run
+        loads = [float(line.split()[1]) for line in (run_dir / "loadavg.txt").read_text().splitlines() if line.strip()]
+    return round(statistics.fmean(loads), 1) if loads else None
 
 
 def node_summary_rss(samples: list[dict[str, Any]], name: str) -> dict[str, Any]:

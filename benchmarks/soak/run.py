@@ -295,6 +295,7 @@ class Soak:
                 data = {"error": (out.stdout + out.stderr)[-500:]}
             ids = sorted(r.get("peer_id", "") for r in data) if isinstance(data, list) else []
             _jsonl(self.run_dir / "status.jsonl", {"time": time.time(), "label": label, "seconds": seconds,
+                                                   "loadavg_1min": os.getloadavg()[0],
                                                    "exit_code": out.returncode, "records": len(ids), "peer_ids": ids,
                                                    "live_processes": self.live_counts(), "error": data.get("error") if isinstance(data, dict) else None})
             self.event("status", label=label, seconds=round(seconds, 2), records=len(ids), exit_code=out.returncode)

@@ -62,7 +62,8 @@ def sample_processes(path: Path, pids: Mapping[str, int], frozen: set[str]) -> N
     for name, pid in pids.items():
         tree = _tree(pid)
         daemons = [q for q in tree if _comm(q) == "p2pd"]
-        jsonl(path, {"time": now, "name": name, "pid": pid, "rss_kib": sum(_rss_kib(q) for q in tree),
+        jsonl(path, {"time": now, "name": name, "pid": pid, "loadavg_1min": os.getloadavg()[0],
+                     "rss_kib": sum(_rss_kib(q) for q in tree),
                      "rss_main_kib": _rss_kib(pid), "daemon_io": sum(_io(q) for q in daemons),
                      "daemons": len(daemons), "frozen": name in frozen})
 
