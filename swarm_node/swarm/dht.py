@@ -293,6 +293,10 @@ class HivemindTransport(Transport):
         return self._store_many([key], [value], [self._subkey], expiration_time, timeout)[key]
 
     def get_all_many(self, keys: Sequence[str], timeout: float) -> dict[str, dict[str, OwnedValue]]:
+        return self.get_all_many_late(keys, timeout)[0]
+
+    def get_all_many_late(self, keys: Sequence[str], timeout: float
+                          ) -> tuple[dict[str, dict[str, OwnedValue]], set[str]]:
         self._check_open()
         keys = list(dict.fromkeys(keys))
         found, late = self._get_many(keys, True, timeout)
@@ -303,7 +307,7 @@ class HivemindTransport(Transport):
             out[key] = owned_values(found.get(key), now)
             self.traffic["bytes_in"] += sum(len(v.value) for v in out[key].values())
             self.traffic["records_fetched"] += 1
-        return out
+        return out, late
 
     # -- blobs -----------------------------------------------------------------------------
     def put_blob(self, data: bytes, expiration_time: float, timeout: float = 10.0) -> str:

@@ -67,11 +67,12 @@ class PipeFixedDHT(hivemind.DHT):
             result = await coro(self, self._node)
         except BaseException as e:
             if not future.done():
-                logger.exception("Caught an exception when running a coroutine:")
+                if isinstance(e, Exception):  # not the DHT process's own cancellation or exit
+                    logger.exception("Caught an exception when running a coroutine:")
                 with contextlib.suppress(InvalidStateError):
                     future.set_exception(e)
             if not isinstance(e, Exception):
-                raise  # cancellation and exit of the DHT process itself
+                raise
             return
         with contextlib.suppress(InvalidStateError):  # cancelled meanwhile: nobody waits for it
             future.set_result(result)

@@ -59,6 +59,8 @@ BAD_TIMESTAMP = "bad_timestamp"
 DUPLICATE = "duplicate"
 FETCH_TIMEOUT = "fetch_timeout"
 
+RETRY_MIN_S = 1.0  # index keys that timed out are read once more when at least this much time is left
+
 __all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange"]
 
 
@@ -232,9 +234,13 @@ class RolloutExchange:
 
     def _read_index(self, plan: list[ShardRead], deadline: float, current: int, staleness: int,
                     exclude_self: bool, drops: DropCounter) -> list[_Candidate]:
-        """Candidates from the index shards of `plan`; tells the index how many owners each held."""
-        found = self.transport.get_all_many([r.key for r in plan],
-                                            timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        """Candidates from the index shards of `plan`; tells the index how many owners each held.
+        Keys that timed out in half the time left are read once more in half the time then left."""
+        found, late = self.transport.get_all_many_late([r.key for r in plan],
+                                                       timeout=max(0.0, (deadline - time.monotonic()) / 2))
+        if late and deadline - time.monotonic() >= RETRY_MIN_S:
+            again, _ = self.transport.get_all_many_late(sorted(late), timeout=(deadline - time.monotonic()) / 2)
+            found.update(again)
         candidates: dict[tuple[str, tuple[str, ...]], _Candidate] = {}
         evaluated: set[tuple[str, tuple[str, ...]]] = set()  # entries checked in this gather
         owners: dict[ShardRead, int] = {}

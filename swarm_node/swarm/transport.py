@@ -148,6 +148,12 @@ class Transport(ABC):
     def get_all(self, key: str, timeout: float) -> dict[str, OwnedValue]:
         return self.get_all_many([key], timeout)[key]
 
+    def get_all_many_late(self, keys: Sequence[str], timeout: float
+                          ) -> tuple[dict[str, dict[str, OwnedValue]], set[str]]:
+        """`get_all_many`, and the keys that did not answer within `timeout` (their {} means
+        "unknown", not "empty"). Transports that cannot time out report none."""
+        return self.get_all_many(keys, timeout), set()
+
     @abstractmethod
     def put_blob(self, data: bytes, expiration_time: float, timeout: float = 10.0) -> str:
         """Store an immutable blob; returns its digest. Raises ValueError above MAX_BLOB_BYTES.

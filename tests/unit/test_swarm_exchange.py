@@ -279,3 +279,31 @@ def test_owned_key_schedule_covers_read_windows() -> None:
     assert keys.status_key(SWARM) in listed
     for w in range(_window() - 2, _window() + 2):
         assert keys.rollout_index_key(SWARM, w) in listed
+
+
+class _ColdTransport(MemoryTransport):
+    """A transport whose first index read times out on every key (a DHT client that has not
+    talked to the key's holders for minutes, on a loaded swarm), then answers."""
+
+    def __init__(self, swarm: MemorySwarm, peer_id: str) -> None:
+        super().__init__(swarm, peer_id)
+        self.reads: list[list[str]] = []
+
+    def get_all_many_late(self, keys_, timeout):
+        self.reads.append(sorted(keys_))
+        if len(self.reads) == 1:
+            return {k: {} for k in keys_}, set(keys_)
+        return super().get_all_many_late(keys_, timeout)
+
+
+def test_index_keys_that_timed_out_are_read_once_more(swarm: MemorySwarm) -> None:
+    """Found by the soak: a node gathering once a slow step had every index key time out and took
+    no peer group in an hour. The keys that timed out are read again within the gather's time."""
+    a = _exchange(swarm, "A")
+    sent = [_group("A", i) for i in range(3)]
+    a.publish_groups(sent, _window())
+    cold = _ColdTransport(swarm, "B")
+    b = RolloutExchange(cold, SWARM, vocab_size=49_152, max_new_tokens=256, window_seconds=WINDOW_S)
+    got, drops = _fetch(b)
+    assert sorted(got, key=lambda g: g.prompt.index) == sent and drops.as_dict() == {}
+    assert len(cold.reads) == 2 and cold.reads[1] == cold.reads[0]  # the late keys, once more
