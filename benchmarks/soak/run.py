@@ -356,7 +356,8 @@ class Soak:
                 self.exited.discard(arg)
                 self.kill_restart(arg)
             elif kind == "freeze":
-                self.freeze(arg, 2.5 * WINDOW_S)
+                name, _, windows = arg.partition(":")
+                self.freeze(name, float(windows or 2.5) * WINDOW_S)
             elif kind == "cut":
                 self.cut(float(arg) * 60)
             elif kind == "late_join":
