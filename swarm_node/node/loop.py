@@ -85,6 +85,7 @@ class Node:
         sw = self.cfg.swarm
         self._pacing = own_rollouts.Pacing(sw.staleness_steps, sw.window_seconds)  # "Slow nodes"
         self._stale_warned_at: float | None = None  # time.monotonic() of the last warning about stale own groups
+        self._generated = threading.Event()  # the current step's generation has ended (start_gather)
         self._eval_end: int | None = None  # the last step of the current run(): evaluated after it
         # the latest held-out evaluation (a resumed node: its last row up to the step it resumed at)
         self._eval_metrics = (heldout.latest_metrics(self.cfg.node_dir, start_step)
@@ -322,13 +323,15 @@ class Node:
         if exchange is None or cfg.swarm.max_peer_groups_per_step == 0 or cfg.swarm.max_peer_fraction == 0:
             return None
         own_groups = min(cfg.train.prompts_per_step, len(self.parts.prompt_set))
-        return self._pool.submit(peer_rollouts.gather_peer_samples, self.parts, window, own_groups,
-                                 self._rng.getrandbits(64), self.step)
+        self._generated = threading.Event()  # set by _finish_gather: no more gathers after this one
+        return self._pool.submit(peer_rollouts.gather_while_generating, self.parts, window, own_groups,
+                                 self._rng.getrandbits(64), self.step, self._generated)
 
     def _finish_gather(self, gathering: Gathering | None, own: own_rollouts.OwnBatch,
                        problems: list) -> tuple[peer_rollouts.PeerBatch, Counter[str]]:
         if gathering is None:
             return peer_rollouts.PeerBatch(), Counter()
+        self._generated.set()
         wait = self.cfg.swarm.fetch_timeout_s + self.cfg.task.peer_reward_budget_s + 5.0
         try:
             return gathering.result(timeout=wait)

@@ -57,6 +57,7 @@ DROP_OVER_CAP = "over_peer_cap"
 DROP_OWN_ECHO = "own_group"
 DROP_REJECTED_BEFORE = "rejected_before"  # refused earlier for a reason that would recur (swarm_node.peers.rejects)
 DROP_NONFINITE = "nonfinite_step"  # its samples made a training step non-finite
+GATHER_ATTEMPTS = 8  # gathers of one step, at most (`gather_while_generating`)
 
 
 def window_of(dht_time: float, window_seconds: float) -> int:
@@ -202,6 +203,25 @@ def gather_peer_samples(parts: NodeParts, window: int, own_groups: int, seed: in
         # notes the swarm's tokenizers and the receipts naming this node; bad records: dropped_status_<reason>
         exchange.read_statuses(timeout=sw.fetch_timeout_s / 4, drops=drops)
     return peer_samples(parts, groups, max_groups, drops, step, verifier, spot_session(parts, seed)), drops
+
+
+def gather_while_generating(parts: NodeParts, window: int, own_groups: int, seed: int, step: int,
+                            generated: threading.Event) -> tuple[PeerBatch, Counter[str]]:
+    """`gather_peer_samples`, and while the step still generates (`generated` not set), again
+    every half window in the window of that moment when a gather took no group, at most
+    GATHER_ATTEMPTS times. Found by the soak: on a loaded 48-peer swarm every index read of a
+    gather timed out now and then; a node stepping every few seconds just took peers' groups at
+    its next step, but the slow and SmolLM2 nodes, one gather per 3-6 minute step, took none in
+    most of their steps."""
+    drops: Counter[str] = Counter()
+    half_window = parts.config.swarm.window_seconds / 2
+    for attempt in range(GATHER_ATTEMPTS):
+        batch, more = gather_peer_samples(parts, window, own_groups, seed + attempt, step)
+        drops.update(more)
+        if batch.groups or attempt + 1 == GATHER_ATTEMPTS or generated.wait(half_window):
+            break
+        window = window_of(parts.dht_time(), parts.config.swarm.window_seconds)
+    return batch, drops
 
 
 def spot_session(parts: NodeParts, seed: int) -> SpotSession | None:

@@ -28,15 +28,15 @@ T0 = 3_000_000.0  # the start of window 100000
 G = 2
 
 
-def _node(tmp_path, swarm: MemorySwarm, name: str) -> Node:
+def _node(tmp_path, swarm: MemorySwarm, name: str, window_s: float = WS, transport=None) -> Node:
     cfg = NodeConfig.load(None, [
         f'node_dir="{tmp_path / name}"', 'model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp_path / "cache"}"',
         'model.device="cpu"', f"generation.group_size={G}", "generation.max_new_tokens=6", "train.prompts_per_step=4",
         "train.micro_batch_size=8", "train.total_steps=1000", f'swarm.swarm_id="{SWARM}"', "checkpoint.every_steps=1000",
         "task.levels=[1]", "task.size=50", "swarm.max_peer_fraction=1.0", "swarm.max_peer_groups_per_step=64",
         "swarm.max_groups_per_peer=64", "swarm.fetch_timeout_s=2.0", "metrics.jsonl=false",
-        f"swarm.window_seconds={WS}", "swarm.staleness_steps=4"])
-    parts, start = build_parts(cfg, transport=MemoryTransport(swarm, peer_id=name))
+        f"swarm.window_seconds={window_s}", "swarm.staleness_steps=4"])
+    parts, start = build_parts(cfg, transport=transport or MemoryTransport(swarm, peer_id=name))
     parts.reward_fn = hash_reward
     return Node(parts, start_step=start)
 
@@ -184,3 +184,51 @@ def test_a_fast_node_generates_all_its_prompts_in_one_call_per_step(tmp_path, ca
     assert len(timed.calls) == 3 and [len(gs) for _, _, gs in timed.published] == [4, 4, 4]
     assert "not published" not in caplog.text
     fast._shutdown()
+
+
+class _TimingOut(MemoryTransport):
+    """Index reads that time out on every key for the first `misses` reads (a loaded swarm)."""
+
+    def __init__(self, swarm: MemorySwarm, peer_id: str, misses: int) -> None:
+        super().__init__(swarm, peer_id)
+        self.misses, self.reads = misses, 0
+
+    def get_all_many_late(self, keys_, timeout):
+        self.reads += 1
+        if self.reads <= self.misses:
+            return {k: {} for k in keys_}, set(keys_)
+        return super().get_all_many_late(keys_, timeout)
+
+
+def test_a_long_step_gathers_again_while_it_generates(tmp_path):
+    """Found by the soak: nodes with 3-6 minute steps gathered once a step, and on a loaded swarm
+    that one gather's index reads all timed out in most steps, so they took no peer group. A gather
+    that took nothing is tried again every half window while the step still generates."""
+    import time as wall
+
+    clock = Clock(T0 + 1)
+    swarm = MemorySwarm(clock=clock)
+    window_s = 0.4  # half a window: 0.2 s of real time between gathers
+    sender = _node(tmp_path, swarm, "S", window_s)
+    sender.run_step()  # its groups are in the index
+    slow = _node(tmp_path, swarm, "L", window_s, transport=_TimingOut(swarm, "L", misses=4))
+    generate = slow.parts.generator.generate
+
+    def long_generation(prompt_ids, n):  # about 2 s of real time: room for several gathers
+        wall.sleep(2.0)
+        return generate(prompt_ids, n)
+
+    slow.parts.generator.generate = long_generation
+    metrics = slow.run_step()
+    assert slow.parts.exchange.transport.reads >= 3  # gathered again after reads timed out
+    assert metrics[m.PEER_GROUPS] > 0
+
+
+def test_a_gather_that_took_groups_is_not_repeated(tmp_path):
+    clock = Clock(T0 + 1)
+    swarm = MemorySwarm(clock=clock)
+    sender = _node(tmp_path, swarm, "S", 0.4)
+    sender.run_step()
+    node = _node(tmp_path, swarm, "N", 0.4, transport=_TimingOut(swarm, "N", misses=0))
+    metrics = node.run_step()
+    assert metrics[m.PEER_GROUPS] > 0 and node.parts.exchange.transport.reads == 1
