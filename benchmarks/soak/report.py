@@ -94,12 +94,15 @@ def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]],
     outside = [r for r in after if not any(a <= r["time"] <= b for a, b in outages)]
     took_outside = [r for r in outside if r.get("peer_groups", 0) > 0]
     mine = [s for s in samples if s["name"] == name]
-    # RSS growth over the longest stretch of one process, from its 5th minute (after start-up).
+    # RSS growth over the longest stretch of one process, from its 5th minute and its 3rd step
+    # (after start-up: model load, first evaluation, optimizer state).
     by_pid: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for s in mine:
         by_pid[s["pid"]].append(s)
     longest = max(by_pid.values(), key=lambda v: v[-1]["time"] - v[0]["time"]) if by_pid else []
-    settled = [s for s in longest if s["time"] - longest[0]["time"] >= 300] or longest
+    third = next((r["time"] for r in rows[2:] if longest and r["time"] >= longest[0]["time"]), None)
+    settled = [s for s in longest if s["time"] - longest[0]["time"] >= 300
+               and (third is None or s["time"] >= third)] or longest
     rss = [(s["time"], s["rss_kib"] / 1024) for s in settled]
     slope = slope_per_hour(rss)
     mean_rss = statistics.fmean(v for _, v in rss) if rss else 0.0
@@ -143,10 +146,12 @@ def recoveries(run_dir: Path, events: list[dict[str, Any]], ids: dict[str, str],
         name, t0 = e["node"], e["time"]
         rows = [r for r in metrics_rows(run_dir / name) if r["time"] > t0]
         first = next((r["time"] for r in rows if r.get("peer_groups", 0) > 0), None)
+        first_step = rows[0]["time"] if rows else None
         pid = name_to_id.get(name)
         taken_at = min((r["time"] for r in light_rows for sender, created in r.get("taken", ())
                         if sender == pid and created > t0), default=None)
         out.append({"event": e["kind"], "node": name, "minute": e["minute"],
+                    "to_first_step_s": round(first_step - t0, 1) if first_step else None,
                     "to_first_peer_group_s": round(first - t0, 1) if first else None,
                     "to_first_group_taken_s": round(taken_at - t0, 1) if taken_at else None})
     return out
@@ -213,14 +218,14 @@ def checkpoints_after_kills(run_dir: Path, events: list[dict[str, Any]]) -> list
     for e in kills:
         log = (run_dir / e["node"] / "node.log").read_text(errors="replace")
         newest = max((int(m.group(1)) for c in e["checkpoints"] if (m := re.search(r"(\d+)", c))), default=0)
-        # The log holds one "peer id" line per process, printed after its resume line: the n-th kill's
-        # restart resumes between the n-th and the (n+1)-th of them.
+        # The log holds one "peer id" line per process, and its resume line shortly after (stdout
+        # and stderr): the n-th kill's restart resumes after the (n+1)-th of them.
         nth = sum(1 for k in kills if k["node"] == e["node"] and k["time"] <= e["time"])
         starts = log.split("swarm-node: peer id ")
         resumed = None
         if len(starts) > nth + 1:
-            found = re.findall(r"resumed from checkpoint at step (\d+)", starts[nth])
-            resumed = int(found[-1]) if found else 0
+            found = re.findall(r"resumed from checkpoint at step (\d+)", starts[nth + 1])
+            resumed = int(found[0]) if found else 0
         out.append({"node": e["node"], "minute": e["minute"], "last_step": e["last_step"],
                     "newest_checkpoint": newest, "resumed_from": resumed,
                     "intact": resumed == newest, "steps_redone": e["last_step"] - resumed if resumed is not None else None,
