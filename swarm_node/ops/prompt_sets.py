@@ -46,11 +46,28 @@ def run_seed(*, task: str, source: str | None, name: str | None, swarm_id: str, 
         while time.monotonic() < deadline:
             time.sleep(min(swarm_cfg.record_ttl_s / 3, max(0.0, deadline - time.monotonic())))
             if time.monotonic() < deadline:
-                seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=swarm_cfg.record_ttl_s)
+                ended = keep_seeding(transport, swarm_id, prompt_set, manifest, operator, swarm_cfg.record_ttl_s)
+                if ended is not None:
+                    print(f"prompt set {manifest.prompt_set_id} was ended by its operator (end-prompt-set"
+                          f"{', successor ' + ended.successor if ended.successor else ''}): the seeder stops", flush=True)
+                    break
     except KeyboardInterrupt:
         pass
     finally:
         transport.shutdown()
+
+
+def keep_seeding(transport, swarm_id: str, prompt_set, manifest, operator, ttl_s: float):
+    """Re-seed the set unless its operator has ended it since `manifest` (the seeder's first) was
+    made: then return the tombstone and store nothing. Found by the soak: a re-seed after
+    `end-prompt-set` is a newer manifest, which the tombstone does not end, so the seeder brought
+    the set back and every node that restarted later loaded the ended set again."""
+    from swarm_node.swarm.prompts import ended_since, seed_prompt_set
+
+    ended = ended_since(transport, swarm_id, manifest.prompt_set_id, operator.public_key, manifest.created_at)
+    if ended is None:
+        seed_prompt_set(transport, swarm_id, prompt_set, manifest.name, operator, ttl_s=ttl_s)
+    return ended
 
 
 def run_end_prompt_set(*, prompt_set_id: str, successor: str | None, swarm_id: str, key_file: Path,

@@ -186,6 +186,14 @@ class PromptSetRecords:
         return [r for r in self.manifests if self.ends(r.message) is None]
 
 
+def ended_since(transport: Transport, swarm_id: str, prompt_set_id: str, owner: bytes, since: float,
+                timeout: float = 10.0) -> PromptSetTombstone | None:
+    """The operator `owner`'s tombstone of the set, ended at or after `since` (a seeder's first
+    manifest), when one is readable now; None otherwise."""
+    entries = transport.get_all(keys.prompt_manifest_key(swarm_id, prompt_set_id), timeout)
+    return read_records(entries, prompt_set_id, owner).tombstone_for(owner, since)
+
+
 def read_records(entries: dict[str, OwnedValue], prompt_set_id: str, owner: bytes | None) -> PromptSetRecords:
     """Sort the entries of a manifest key (`{writer: OwnedValue}`) into verified manifests, verified
     tombstones (signature checked, the expected `owner` when given) and a reason for every other."""

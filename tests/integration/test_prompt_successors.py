@@ -115,3 +115,26 @@ def test_a_running_node_switches_once_the_operator_ends_its_set(dht_factory, tmp
     finally:
         node.stop()
         node._shutdown()
+
+
+def test_a_running_seeder_stops_once_its_set_is_ended(dht_factory, tmp_path) -> None:
+    """Found by the soak: the operator's `swarm-node seed` kept re-seeding after `end-prompt-set`; a
+    re-seed is a newer manifest, which the tombstone does not end, so nodes restarting later loaded
+    the ended set. The seeder's loop now stops at the tombstone and stores nothing more."""
+    from swarm_node.ops.prompt_sets import keep_seeding
+    from swarm_node.swarm.identity import load_or_create_key
+    from swarm_node.swarm.prompts import PromptSetEnded, end_prompt_set, load_prompt_set, seed_prompt_set
+
+    operator = load_or_create_key(tmp_path / "operator.key")
+    boot = dht_factory(SWARM)
+    seeder = dht_factory(SWARM, initial_peers=boot.visible_maddrs)
+    reader = dht_factory(SWARM, initial_peers=boot.visible_maddrs)
+    a, b = _sets(2, size=10)
+    manifest = seed_prompt_set(seeder, SWARM, a, "arith", operator, ttl_s=600, timeout=10)
+    assert keep_seeding(seeder, SWARM, a, manifest, operator, 600) is None  # not ended: re-seeded
+    end_prompt_set(boot, SWARM, a.id, operator, successor=b.id, ttl_s=600, timeout=10)
+    time.sleep(1.0)  # the next re-seed is later than the end
+    ended = keep_seeding(seeder, SWARM, a, manifest, operator, 600)
+    assert ended is not None and ended.successor == b.id
+    with pytest.raises(PromptSetEnded):
+        load_prompt_set(reader, SWARM, a.id, operator.public_key, timeout=10)
