@@ -261,9 +261,15 @@ def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, A
         except (OSError, ValueError):
             pass
     starts = defaultdict(list)
+    loaded: dict[tuple[str, float], dict[str, int]] = {}  # (node, restart time) -> the ledger it loaded
+    kill_ledger: dict[str, dict[str, int]] = {}
     for e in events:
+        if e["kind"] == "kill" and "ledger_taken" in e:
+            kill_ledger[e["node"]] = e["ledger_taken"]
         if e["kind"] in ("start", "restart", "late_join"):
             starts[e["node"]].append(e["time"])
+            if e["kind"] == "restart" and e["node"] in kill_ledger:
+                loaded[(e["node"], e["time"])] = kill_ledger.pop(e["node"])
 
     def ledger_at(node: str, t: float, sender: str) -> int:
         before = [s for s in ledgers if s["node"] == node and s["time"] <= t]
@@ -280,7 +286,10 @@ def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, A
             began = rec["timestamp"] - rec["span_s"]
             started = max((t for t in starts[name] if t <= rec["timestamp"]), default=0.0)
             exact = began <= started + 60  # the book started with the process (it starts a few s after)
-            base = ledger_at(name, started if exact else began, sender)
+            if exact and (name, started) in loaded:  # the file the restarted process loaded
+                base = loaded[(name, started)].get(sender, 0)
+            else:
+                base = ledger_at(name, started if exact else began, sender)
             want = finals[receiver].get(sender, 0) - base
             pairs += 1
             exact_pairs += exact

@@ -245,7 +245,12 @@ class Soak:
         step = self.last_step(name)
         p.proc.send_signal(signal.SIGKILL)  # the node process alone: its DHT and daemon die by design
         p.proc.wait(30)
-        self.event("kill", node=name, last_step=step, checkpoints=before)
+        try:  # what the restarted process will load: the base of its receipts' span
+            rows = json.loads((self.node_dir(name) / "peer_ledger.json").read_text()).get("peers", [])
+            ledger = {r["peer_id"]: r.get("taken", 0) for r in rows if isinstance(r, dict) and "peer_id" in r}
+        except (OSError, ValueError):
+            ledger = {}
+        self.event("kill", node=name, last_step=step, checkpoints=before, ledger_taken=ledger)
         time.sleep(3.0)
         self.start_node(self.node(name), why="restart")
 
