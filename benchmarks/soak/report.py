@@ -393,7 +393,7 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
                                   if light_rows else None},
         "recoveries": rec, "fairness": fair, "exclusions": excl, "kills": kills, "status": status,
         "given_vs_ledger": given, "scale_model": predicted, "steps_per_window_median": round(spw, 2),
-        "loadavg_1min_mean": machine_load(run_dir, samples),
+        "loadavg_1min_mean": machine_load(samples),
         "slow_node": {"name": slow, "peer_id": name_to_id.get(slow), "groups_taken_by_others": slow_taken,
                       **({k: nodes[slow].get(k) for k in ("steps", "gen_seconds_mean", "step_seconds_mean")}
                          if slow else {})},
@@ -402,11 +402,9 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
     }
 
 
-def machine_load(run_dir: Path, samples: list[dict[str, Any]]) -> float | None:
+def machine_load(samples: list[dict[str, Any]]) -> float | None:
     """Mean 1-minute load average over the run (2 cores: above 2, processes wait for a core)."""
     loads = [s["loadavg_1min"] for s in samples if "loadavg_1min" in s]
-    if not loads and (run_dir / "loadavg.txt").exists():  # sampled beside the run
-        loads = [float(line.split()[1]) for line in (run_dir / "loadavg.txt").read_text().splitlines() if line.strip()]
     return round(statistics.fmean(loads), 1) if loads else None
 
 

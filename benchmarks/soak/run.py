@@ -31,7 +31,7 @@ from typing import Any
 from benchmarks.soak.plan import (GROUP_SIZE, MAX_GROUPS_PER_PEER, MAX_NEW_TOKENS, PROMPTS_PER_STEP, SHARED,
                                   STALENESS, SWARM_ID, SYSTEM_PROMPT, WINDOW_S, NodePlan, SoakPlan)
 from benchmarks.soak.sampling import jsonl as _jsonl
-from benchmarks.soak.sampling import sample_ledgers, sample_processes
+from benchmarks.soak.sampling import ledger_rows, sample_ledgers, sample_processes
 
 SAMPLE_S = 10.0
 LEDGER_S = 15.0
@@ -245,11 +245,8 @@ class Soak:
         step = self.last_step(name)
         p.proc.send_signal(signal.SIGKILL)  # the node process alone: its DHT and daemon die by design
         p.proc.wait(30)
-        try:  # what the restarted process will load: the base of its receipts' span
-            rows = json.loads((self.node_dir(name) / "peer_ledger.json").read_text()).get("peers", [])
-            ledger = {r["peer_id"]: r.get("taken", 0) for r in rows if isinstance(r, dict) and "peer_id" in r}
-        except (OSError, ValueError):
-            ledger = {}
+        rows = ledger_rows(self.node_dir(name)) or []  # what the restarted process loads: its receipts' base
+        ledger = {r["peer_id"]: r.get("taken", 0) for r in rows}
         self.event("kill", node=name, last_step=step, checkpoints=before, ledger_taken=ledger)
         time.sleep(3.0)
         self.start_node(self.node(name), why="restart")

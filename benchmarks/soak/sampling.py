@@ -68,15 +68,22 @@ def sample_processes(path: Path, pids: Mapping[str, int], frozen: set[str]) -> N
                      "daemons": len(daemons), "frozen": name in frozen})
 
 
+def ledger_rows(node_dir: Path) -> list[dict[str, Any]] | None:
+    """The peer rows of a node's ledger file (None when it is missing or being replaced)."""
+    try:
+        data = json.loads((node_dir / "peer_ledger.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return [r for r in data.get("peers", []) if isinstance(r, dict) and "peer_id" in r]
+
+
 def sample_ledgers(path: Path, node_dirs: Mapping[str, Path]) -> None:
     """One row per node whose peer ledger exists: groups taken per sender, and faults per sender."""
     now = time.time()
     for name, node_dir in node_dirs.items():
-        try:
-            data = json.loads((node_dir / "peer_ledger.json").read_text())
-        except (OSError, ValueError):
+        rows = ledger_rows(node_dir)
+        if rows is None:
             continue
-        rows = [r for r in data.get("peers", []) if isinstance(r, dict) and "peer_id" in r]
         jsonl(path, {"time": now, "node": name, "taken": {r["peer_id"]: r.get("taken", 0) for r in rows},
                      "faults": {r["peer_id"]: r["reputation"]["faults"] for r in rows
                                 if r.get("reputation", {}).get("faults", 0) > 0}})
