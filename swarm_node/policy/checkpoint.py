@@ -4,7 +4,9 @@ Layout under the node directory:
 
     checkpoints/step-00000012/   weights.safetensors  the trainable parameters by name (all weights,
                                                       or only the LoRA adapter)
-                                 trainer.pt           Trainer.state_dict() (optimizer, step count)
+                                 trainer.pt           Trainer.state_dict() (optimizer, step count;
+                                                      read onto the CPU, then placed as a fresh
+                                                      optimizer places it: `_load_trainer_state`)
                                  rng.pt               torch CPU/CUDA RNG states, python and numpy states
                                  config.toml          the resolved NodeConfig
                                  extra.json           caller's data (node step, peer id, counters)
@@ -165,7 +167,7 @@ def _read_checkpoint(path: Path, policy: Any) -> tuple[dict, dict, dict, dict, d
                              "pass another --node-dir, or the model.name/model.lora the checkpoint was made with")
     parts: list[Any] = []
     for name, read in (("weights.safetensors", lambda p: load_file(str(p))),
-                       ("trainer.pt", lambda p: torch.load(p, map_location=policy.device, weights_only=True)),
+                       ("trainer.pt", _load_trainer_state),
                        ("rng.pt", lambda p: torch.load(p, weights_only=True)),
                        ("extra.json", lambda p: json.loads(p.read_text()))):
         try:
@@ -176,6 +178,16 @@ def _read_checkpoint(path: Path, policy: Any) -> tuple[dict, dict, dict, dict, d
     _check_weight_names(path, weights, policy)
     meta["step"] = step
     return meta, weights, trainer_state, rng, extra
+
+
+def _load_trainer_state(path: Path) -> dict[str, Any]:
+    """trainer.pt read onto the CPU (memory-mapped: a GPU node's moments are not copied into RAM
+    first). `torch.optim.Optimizer.load_state_dict` then moves each moment to its parameter's
+    device and leaves each `step` counter where a fresh optimizer keeps it: on the CPU for plain
+    AdamW, on the parameter's device for a fused or capturable one. Mapping the file onto the
+    policy's device instead would put plain AdamW's counters on the GPU (a host sync per parameter
+    tensor at every step, and a device mismatch for whoever compares them with CPU tensors)."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _short(e: BaseException) -> str:

@@ -90,6 +90,51 @@ def test_resume_takes_the_same_next_step(cache: Path, tmp_path: Path, lora: bool
     assert meta["is_lora"] == lora and meta["fingerprint"] == b.policy.fingerprint
 
 
+class _ReportsAnotherDevice:
+    """A policy whose `device` names another device than the one its parameters live on: the test
+    double for a GPU node on this CPU-only machine. On CUDA the parameters are on `cuda` while a fresh
+    AdamW keeps its `step` counters on the CPU; here the parameters are on the CPU and the policy
+    reports `meta`, so a loader that maps the checkpoint onto `policy.device` puts the optimizer state
+    on a device where neither the parameters nor a fresh optimizer keep it (meta tensors hold no data:
+    such a resume cannot take the uninterrupted run's step)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._policy = policy
+        self.device = torch.device("meta")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._policy, name)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_resume_on_another_map_location_keeps_the_step_counter_where_a_fresh_optimizer_does(
+        cache: Path, tmp_path: Path, lora: bool) -> None:
+    cfg = node_config(cache, tmp_path / "node", lora=lora)
+    a = build(cfg)
+    batches = [batch(a.policy, s) for s in range(2)]
+    a.step(batches[0])
+    save_checkpoint(cfg.node_dir, a, cfg, {})
+    a.step(batches[1])
+    expected = weights(a)
+    fresh_counter = next(iter(build(cfg).optimizer.state_dict()["state"].values()), None)
+    assert fresh_counter is None  # a fresh AdamW creates its counters at its first step, on the CPU:
+    counters_of_a = {s["step"].device for s in a.optimizer.state.values()}
+    assert counters_of_a == {torch.device("cpu")}
+
+    b = build(cfg)
+    real_policy = b.policy
+    b.policy = _ReportsAnotherDevice(real_policy)  # type: ignore[assignment]
+    assert load_latest_checkpoint(cfg.node_dir, b) == (1, {})
+    b.policy = real_policy
+    counters = [s["step"] for s in b.optimizer.state.values()]
+    assert counters and {c.device for c in counters} == counters_of_a and all(float(c) == 1.0 for c in counters)
+    moments = {s["exp_avg"].device for s in b.optimizer.state.values()}
+    assert moments == {p.device for p in b.params}
+    b.step(batches[1])
+    for n, v in weights(b).items():
+        torch.testing.assert_close(v, expected[n], atol=1e-7, rtol=0)
+
+
 def test_rng_states_are_restored(cache: Path, tmp_path: Path) -> None:
     cfg = node_config(cache, tmp_path / "node")
     trainer = build(cfg)
