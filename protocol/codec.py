@@ -21,8 +21,10 @@ so each gets its own entropy table. Measured by benchmarks/wire.py (G=8 x 256 to
 bytes/token uncompressed, 5.93 with plain zstd, 5.23 with this scheme, which is therefore the
 default for rollout groups; with completion text 7.34 (real SmolLM2 rollouts: 5.33 and 7.62).
 
-Bounds on hostile input: the encoded size, the header's body length (so the zstd frame must
-declare exactly that content size, which caps the allocation), the number of msgpack objects
+Bounds on hostile input: the encoded size, the header's body length against the cap of the
+message's kind (`Limits.max_body_bytes`: 64 KiB for a status record; checked before anything is
+decompressed, and the zstd frame must declare exactly that content size, which caps the
+allocation and the decompression work), the number of msgpack objects
 (counted by a header walk before any object is built), every string/bytes length and every count
 (`Limits`). Nothing here loops over more than the input's bytes.
 """
@@ -119,8 +121,9 @@ def encode(
     chosen = DEFAULT_SCHEME if scheme is None else Scheme(scheme)
     wire = schema.to_wire(msg, limits, shuffle=chosen == Scheme.SHUFFLE_ZSTD)
     body = _pack(wire)
-    if len(body) > limits.max_decoded_bytes:
-        raise ProtocolError(f"message body of {len(body)} bytes exceeds {limits.max_decoded_bytes}")
+    cap = limits.max_body_bytes(kind.name)
+    if len(body) > cap:
+        raise ProtocolError(f"{type(msg).__name__} body of {len(body)} bytes exceeds {cap}")
     payload = body
     if chosen == Scheme.SHUFFLE_ZSTD and kind == MessageType.ROLLOUT_GROUP:
         widths = schema.TAIL_WIDTHS[len(wire)]
@@ -191,8 +194,9 @@ def decode(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS
         raise ProtocolError(f"unknown message type {kind}")
     if scheme not in Scheme._value2member_map_:
         raise ProtocolError(f"unknown compression scheme {scheme}")
-    if body_len > limits.max_decoded_bytes:
-        raise ProtocolError(f"declared body of {body_len} bytes exceeds {limits.max_decoded_bytes}")
+    cap = limits.max_body_bytes(MessageType(kind).name)  # before any decompression
+    if body_len > cap:
+        raise ProtocolError(f"declared {MessageType(kind).name} body of {body_len} bytes exceeds {cap}")
     payload = memoryview(data)[HEADER_SIZE:]
     body = bytes(payload) if scheme == Scheme.NONE else _decompress(payload, body_len)
     if len(body) != body_len:

@@ -57,10 +57,12 @@ _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 
 
 def _str(v: Any, what: str, max_len: int) -> str:
+    """`v` as a str of at most `max_len` bytes UTF-8 encoded (a bound in bytes, not characters)."""
     if not isinstance(v, str):
         raise ProtocolError(f"{what}: expected str, got {type(v).__name__}")
-    if len(v) > max_len:
-        raise ProtocolError(f"{what}: string of length {len(v)} exceeds {max_len}")
+    size = len(v) if len(v) > max_len or len(v) * 4 <= max_len else len(v.encode("utf-8", "surrogatepass"))
+    if size > max_len:
+        raise ProtocolError(f"{what}: string of {size} bytes or more exceeds {max_len}")
     return v
 
 
