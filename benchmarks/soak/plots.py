@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.soak.report import metrics_rows, read_jsonl
+from benchmarks.soak.sampling import metrics_rows, read_jsonl
 
 
 def _events(ax: Any, events: list[dict[str, Any]], t0: float) -> None:

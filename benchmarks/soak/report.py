@@ -6,7 +6,6 @@ to what was measured. Node times are DHT times, which on one machine are wall-cl
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -14,32 +13,10 @@ from typing import Any
 
 from benchmarks.soak.plan import (MAX_GROUPS_PER_PEER, MAX_PEER_GROUPS, PROMPTS_PER_STEP, STALENESS, WINDOW_S,
                                   SoakPlan)
+from benchmarks.soak.ledgers import exclusions, fairness, given_agreement
+from benchmarks.soak.sampling import metrics_rows, read_jsonl
 
 RECOVERY_KINDS = ("restart", "thaw", "reconnect", "late_join")
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass  # a line being written
-    return rows
-
-
-def metrics_rows(node_dir: Path) -> list[dict[str, Any]]:
-    """A node's metrics rows (rows of steps re-run after a restart are moved aside by the node)."""
-    return read_jsonl(node_dir / "metrics.jsonl")
-
-
-def gini(values: list[float]) -> float:
-    xs = sorted(values)
-    n, total = len(xs), sum(xs)
-    if n == 0 or total == 0:
-        return 0.0
-    return sum((2 * i - n + 1) * x for i, x in enumerate(xs)) / (n * total)
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
@@ -68,6 +45,14 @@ def light_ids(run_dir: Path) -> set[str]:
     return {r["peer"] for path in sorted((run_dir / "light").glob("light-*.jsonl")) for r in read_jsonl(path)}
 
 
+def switch_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(start, end) of each prompt-set switch, swarm-wide: from the old set's end to two windows
+    after it. Peers follow the successor at their own next read of the set (light peers every window,
+    nodes at their next check), so for up to a window some publish on the old set and some on the new,
+    and each drops the other's groups as `unknown_prompt`."""
+    return [(e["time"], e["time"] + 2 * WINDOW_S) for e in events if e["kind"] == "end_prompt_set"]
+
+
 def outage_spans(events: list[dict[str, Any]], name: str) -> list[tuple[float, float]]:
     """(start, end) of the node's freezes and cuts, each extended by two windows after it ends."""
     spans, began = [], None
@@ -83,15 +68,18 @@ def outage_spans(events: list[dict[str, Any]], name: str) -> list[tuple[float, f
 
 
 def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]],
-                 outages: list[tuple[float, float]] = ()) -> dict[str, Any]:
+                 outages: list[tuple[float, float]] = (),
+                 switches: list[tuple[float, float]] = ()) -> dict[str, Any]:
     rows = metrics_rows(run_dir / name)
     if not rows:
         return {"steps": 0}
     minutes = (rows[-1]["time"] - rows[0]["time"]) / 60 if len(rows) > 1 else 0.0
     after = rows[3:]
     took = [r for r in after if r.get("peer_groups", 0) > 0]
-    # steps of the node's own outage (frozen or cut off, and the two windows after) cannot take peers
-    outside = [r for r in after if not any(a <= r["time"] <= b for a, b in outages)]
+    # steps of the node's own outage (frozen or cut off, and the two windows after) cannot take peers;
+    # steps in a prompt-set switch are counted apart (the swarm is on two sets for up to a window)
+    in_switch = [r for r in after if any(a <= r["time"] <= b for a, b in switches)]
+    outside = [r for r in after if not any(a <= r["time"] <= b for a, b in (*outages, *switches))]
     took_outside = [r for r in outside if r.get("peer_groups", 0) > 0]
     mine = [s for s in samples if s["name"] == name]
     # RSS growth over the longest stretch of one process, from its 5th minute and its 3rd step
@@ -118,6 +106,8 @@ def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]],
         "steps_per_minute": round(len(rows) / minutes, 2) if minutes else None,
         "took_peer_group_fraction": round(len(took) / len(after), 3) if after else None,
         "took_peer_group_fraction_outside_outages": round(len(took_outside) / len(outside), 3) if outside else None,
+        "switch_steps": len(in_switch),
+        "switch_steps_without_peer_group": sum(1 for r in in_switch if not r.get("peer_groups", 0)),
         "peer_samples_gradient_per_step": mean("peer_samples_gradient"),
         "peer_groups_per_step": mean("peer_groups"),
         "rss_mib_start": round(rss[0][1]) if rss else None, "rss_mib_end": round(rss[-1][1]) if rss else None,
@@ -157,57 +147,6 @@ def recoveries(run_dir: Path, events: list[dict[str, Any]], ids: dict[str, str],
     return out
 
 
-def fairness(ledgers: list[dict[str, Any]], ids: dict[str, str], light: set[str]) -> dict[str, Any]:
-    """Each sender's share of all groups taken (the receivers' last ledger reads), light and
-    training peers apart; every known peer counts, taken or not."""
-    final: dict[str, dict[str, int]] = {}
-    for snap in ledgers:
-        final[snap["node"]] = snap["taken"]
-    taken: dict[str, int] = defaultdict(int)
-    for receiver in final.values():
-        for sender, n in receiver.items():
-            taken[sender] += n
-    out = {}
-    for label, senders in (("light", light), ("training", set(ids))):
-        counts = [taken.get(s, 0) for s in senders]
-        total = sum(counts)
-        if not counts or total == 0:
-            out[label] = {"senders": len(counts), "taken": total}
-            continue
-        mean = total / len(counts)
-        out[label] = {"senders": len(counts), "taken": total, "never_taken": sum(c == 0 for c in counts),
-                      "max_over_mean": round(max(counts) / mean, 2), "gini": round(gini(counts), 3),
-                      "shares": sorted((round(c / total, 4) for c in counts), reverse=True)}
-    out["by_training_sender"] = {ids[s]: taken.get(s, 0) for s in ids}
-    return out
-
-
-def exclusions(run_dir: Path, plan: SoakPlan, ids: dict[str, str], light: set[str]) -> dict[str, Any]:
-    """Peers any node's ledger marks excluded, and excluded_peer drops, by honest peer."""
-    found, faults = [], []
-    for n in plan.nodes:
-        try:
-            data = json.loads((run_dir / n.name / "peer_ledger.json").read_text())
-        except (OSError, ValueError):
-            continue
-        for row in data.get("peers", []):
-            peer = row.get("peer_id")
-            if peer not in ids and peer not in light:
-                continue
-            if row.get("dropped", {}).get("excluded_peer", 0):
-                found.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
-                              "excluded_drops": row["dropped"]["excluded_peer"]})
-            if row.get("reputation", {}).get("faults", 0) > 0:
-                faults.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
-                               "faults": row["reputation"]["faults"],
-                               "dropped": row.get("dropped", {})})
-    drops = 0
-    for n in plan.nodes:
-        rows = metrics_rows(run_dir / n.name)
-        drops += int(rows[-1].get("total_dropped_excluded_peer", 0)) if rows else 0
-    return {"excluded": found, "excluded_peer_drops": drops, "faults_against_honest": faults}
-
-
 def checkpoints_after_kills(run_dir: Path, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each kill: the newest checkpoint before it, the step the restart resumed from (its log
     line), damaged checkpoints skipped, and the steps redone."""
@@ -242,64 +181,6 @@ def status_reads(run_dir: Path, light: set[str], ids: dict[str, str]) -> list[di
                     "exit_code": r["exit_code"], "light_shown": len(shown & light), "light_peers": len(light),
                     "training_shown": len(shown & set(ids)), "live": r["live_processes"]})
     return out
-
-
-def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, Any]],
-                    ledgers: list[dict[str, Any]]) -> dict[str, Any]:
-    """For each (sender, receiver) pair that `status --given` shows after the nodes stopped: whether
-    the receipt's `taken` equals what the receiver's ledger counted over the receipt's span. A
-    receipt's span starts at the receiver's (re)start when that is within the ring's span: then the
-    ledger's count over it is its final count less its count when that process started (the file it
-    loaded: the last ledger read before the start), and the comparison is exact. Pairs whose span
-    began later (the ring rolled over) are compared against the ledger read nearest the span's start."""
-    name_to_id = {v: k for k, v in ids.items()}
-    finals: dict[str, dict[str, int]] = {}
-    for name in name_to_id:
-        try:
-            rows = json.loads((run_dir / name / "peer_ledger.json").read_text()).get("peers", [])
-            finals[name_to_id[name]] = {r["peer_id"]: r.get("taken", 0) for r in rows if "peer_id" in r}
-        except (OSError, ValueError):
-            pass
-    starts = defaultdict(list)
-    loaded: dict[tuple[str, float], dict[str, int]] = {}  # (node, restart time) -> the ledger it loaded
-    kill_ledger: dict[str, dict[str, int]] = {}
-    for e in events:
-        if e["kind"] == "kill" and "ledger_taken" in e:
-            kill_ledger[e["node"]] = e["ledger_taken"]
-        if e["kind"] in ("start", "restart", "late_join"):
-            starts[e["node"]].append(e["time"])
-            if e["kind"] == "restart" and e["node"] in kill_ledger:
-                loaded[(e["node"], e["time"])] = kill_ledger.pop(e["node"])
-
-    def ledger_at(node: str, t: float, sender: str) -> int:
-        before = [s for s in ledgers if s["node"] == node and s["time"] <= t]
-        return before[-1]["taken"].get(sender, 0) if before else 0
-
-    pairs, agree, exact_pairs, mismatches = 0, 0, 0, []
-    for row in read_jsonl(run_dir / "given.jsonl"):
-        sender = name_to_id.get(row["node"])
-        for rec in (row["given"].get("receivers", []) if isinstance(row["given"], dict) else []):
-            receiver = rec.get("receiver")
-            if receiver not in finals or sender is None:
-                continue  # a light peer's receipts: it keeps no ledger
-            name = ids[receiver]
-            began = rec["timestamp"] - rec["span_s"]
-            started = max((t for t in starts[name] if t <= rec["timestamp"]), default=0.0)
-            exact = began <= started + 60  # the book started with the process (it starts a few s after)
-            if exact and (name, started) in loaded:  # the file the restarted process loaded
-                base = loaded[(name, started)].get(sender, 0)
-            else:
-                base = ledger_at(name, started if exact else began, sender)
-            want = finals[receiver].get(sender, 0) - base
-            pairs += 1
-            exact_pairs += exact
-            if rec.get("taken") == want:
-                agree += 1
-            else:
-                mismatches.append({"sender": row["node"], "receiver": name, "receipt_taken": rec.get("taken"),
-                                   "ledger_taken_in_span": want, "exact_span": exact})
-    return {"pairs": pairs, "agree": agree, "pairs_span_from_process_start": exact_pairs,
-            "mismatches": mismatches[:20]}
 
 
 def heldout_trend(run_dir: Path, name: str) -> list[dict[str, Any]]:
@@ -338,7 +219,9 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
     samples = read_jsonl(run_dir / "samples.jsonl")
     ledgers = read_jsonl(run_dir / "ledgers.jsonl")
     ids, light = peer_ids(run_dir, plan), light_ids(run_dir)
-    nodes = {n.name: {"role": n.role, **node_summary(run_dir, n.name, samples, outage_spans(events, n.name))}
+    switches = switch_spans(events)
+    nodes = {n.name: {"role": n.role, **node_summary(run_dir, n.name, samples, outage_spans(events, n.name),
+                                                     switches)}
              for n in plan.nodes}
     light_rows = [r for path in sorted((run_dir / "light").glob("light-*.jsonl")) for r in read_jsonl(path)]
     light_rss = [node_summary_rss(samples, f"light-{k}") for k in range(plan.light_processes)]

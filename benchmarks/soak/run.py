@@ -234,7 +234,7 @@ class Soak:
         return sorted(p.name for p in ck.iterdir()) if ck.is_dir() else []
 
     def last_step(self, name: str) -> int:
-        from benchmarks.soak.report import metrics_rows
+        from benchmarks.soak.sampling import metrics_rows
 
         rows = metrics_rows(self.node_dir(name))
         return int(rows[-1]["step"]) if rows else 0

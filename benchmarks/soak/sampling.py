@@ -87,3 +87,19 @@ def sample_ledgers(path: Path, node_dirs: Mapping[str, Path]) -> None:
         jsonl(path, {"time": now, "node": name, "taken": {r["peer_id"]: r.get("taken", 0) for r in rows},
                      "faults": {r["peer_id"]: r["reputation"]["faults"] for r in rows
                                 if r.get("reputation", {}).get("faults", 0) > 0}})
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                pass  # a line being written
+    return rows
+
+
+def metrics_rows(node_dir: Path) -> list[dict[str, Any]]:
+    """A node's metrics rows (rows of steps re-run after a restart are moved aside by the node)."""
+    return read_jsonl(node_dir / "metrics.jsonl")

@@ -1,0 +1,129 @@
+"""What the soak's ledgers say: the share of taken groups each sender got (fairness), who was
+excluded and why, and whether `status --given` agrees with the receivers' own ledgers."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from benchmarks.soak.plan import SoakPlan
+from benchmarks.soak.sampling import metrics_rows, read_jsonl
+
+
+def gini(values: list[float]) -> float:
+    xs = sorted(values)
+    n, total = len(xs), sum(xs)
+    if n == 0 or total == 0:
+        return 0.0
+    return sum((2 * i - n + 1) * x for i, x in enumerate(xs)) / (n * total)
+
+
+def fairness(ledgers: list[dict[str, Any]], ids: dict[str, str], light: set[str]) -> dict[str, Any]:
+    """Each sender's share of all groups taken (the receivers' last ledger reads), light and
+    training peers apart; every known peer counts, taken or not."""
+    final: dict[str, dict[str, int]] = {}
+    for snap in ledgers:
+        final[snap["node"]] = snap["taken"]
+    taken: dict[str, int] = defaultdict(int)
+    for receiver in final.values():
+        for sender, n in receiver.items():
+            taken[sender] += n
+    out = {}
+    for label, senders in (("light", light), ("training", set(ids))):
+        counts = [taken.get(s, 0) for s in senders]
+        total = sum(counts)
+        if not counts or total == 0:
+            out[label] = {"senders": len(counts), "taken": total}
+            continue
+        mean = total / len(counts)
+        out[label] = {"senders": len(counts), "taken": total, "never_taken": sum(c == 0 for c in counts),
+                      "max_over_mean": round(max(counts) / mean, 2), "gini": round(gini(counts), 3),
+                      "shares": sorted((round(c / total, 4) for c in counts), reverse=True)}
+    out["by_training_sender"] = {ids[s]: taken.get(s, 0) for s in ids}
+    return out
+
+
+def exclusions(run_dir: Path, plan: SoakPlan, ids: dict[str, str], light: set[str]) -> dict[str, Any]:
+    """Peers any node's ledger marks excluded, and excluded_peer drops, by honest peer."""
+    found, faults = [], []
+    for n in plan.nodes:
+        try:
+            data = json.loads((run_dir / n.name / "peer_ledger.json").read_text())
+        except (OSError, ValueError):
+            continue
+        for row in data.get("peers", []):
+            peer = row.get("peer_id")
+            if peer not in ids and peer not in light:
+                continue
+            if row.get("dropped", {}).get("excluded_peer", 0):
+                found.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
+                              "excluded_drops": row["dropped"]["excluded_peer"]})
+            if row.get("reputation", {}).get("faults", 0) > 0:
+                faults.append({"receiver": n.name, "peer": ids.get(peer, "light:" + peer[-6:]),
+                               "faults": row["reputation"]["faults"],
+                               "dropped": row.get("dropped", {})})
+    drops = 0
+    for n in plan.nodes:
+        rows = metrics_rows(run_dir / n.name)
+        drops += int(rows[-1].get("total_dropped_excluded_peer", 0)) if rows else 0
+    return {"excluded": found, "excluded_peer_drops": drops, "faults_against_honest": faults}
+
+
+def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, Any]],
+                    ledgers: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each (sender, receiver) pair that `status --given` shows after the nodes stopped: whether
+    the receipt's `taken` equals what the receiver's ledger counted over the receipt's span. A
+    receipt's span starts at the receiver's (re)start when that is within the ring's span: then the
+    ledger's count over it is its final count less its count when that process started (the file it
+    loaded: the last ledger read before the start), and the comparison is exact. Pairs whose span
+    began later (the ring rolled over) are compared against the ledger read nearest the span's start."""
+    name_to_id = {v: k for k, v in ids.items()}
+    finals: dict[str, dict[str, int]] = {}
+    for name in name_to_id:
+        try:
+            rows = json.loads((run_dir / name / "peer_ledger.json").read_text()).get("peers", [])
+            finals[name_to_id[name]] = {r["peer_id"]: r.get("taken", 0) for r in rows if "peer_id" in r}
+        except (OSError, ValueError):
+            pass
+    starts = defaultdict(list)
+    loaded: dict[tuple[str, float], dict[str, int]] = {}  # (node, restart time) -> the ledger it loaded
+    kill_ledger: dict[str, dict[str, int]] = {}
+    for e in events:
+        if e["kind"] == "kill" and "ledger_taken" in e:
+            kill_ledger[e["node"]] = e["ledger_taken"]
+        if e["kind"] in ("start", "restart", "late_join"):
+            starts[e["node"]].append(e["time"])
+            if e["kind"] == "restart" and e["node"] in kill_ledger:
+                loaded[(e["node"], e["time"])] = kill_ledger.pop(e["node"])
+
+    def ledger_at(node: str, t: float, sender: str) -> int:
+        before = [s for s in ledgers if s["node"] == node and s["time"] <= t]
+        return before[-1]["taken"].get(sender, 0) if before else 0
+
+    pairs, agree, exact_pairs, mismatches = 0, 0, 0, []
+    for row in read_jsonl(run_dir / "given.jsonl"):
+        sender = name_to_id.get(row["node"])
+        for rec in (row["given"].get("receivers", []) if isinstance(row["given"], dict) else []):
+            receiver = rec.get("receiver")
+            if receiver not in finals or sender is None:
+                continue  # a light peer's receipts: it keeps no ledger
+            name = ids[receiver]
+            began = rec["timestamp"] - rec["span_s"]
+            started = max((t for t in starts[name] if t <= rec["timestamp"]), default=0.0)
+            exact = began <= started + 60  # the book started with the process (it starts a few s after)
+            if exact and (name, started) in loaded:  # the file the restarted process loaded
+                base = loaded[(name, started)].get(sender, 0)
+            else:
+                base = ledger_at(name, started if exact else began, sender)
+            want = finals[receiver].get(sender, 0) - base
+            pairs += 1
+            exact_pairs += exact
+            if rec.get("taken") == want:
+                agree += 1
+            else:
+                mismatches.append({"sender": row["node"], "receiver": name, "receipt_taken": rec.get("taken"),
+                                   "ledger_taken_in_span": want, "exact_span": exact})
+    return {"pairs": pairs, "agree": agree, "pairs_span_from_process_start": exact_pairs,
+            "mismatches": mismatches[:20]}
