@@ -68,9 +68,8 @@ def model_shape_of_name(name: str, revision: str | None = None) -> ModelShape | 
         from swarm_node.policy import tiny
 
         spec = tiny.parse_tiny_spec(name)
-        heads = spec.hidden // tiny.HEAD_DIM
-        return ModelShape(hidden=spec.hidden, layers=spec.layers, heads=heads,
-                          kv_heads=max(1, heads // 2) if heads % 2 == 0 else heads, head_dim=tiny.HEAD_DIM,
+        return ModelShape(hidden=spec.hidden, layers=spec.layers, heads=spec.heads, kv_heads=spec.kv_heads,
+                          head_dim=tiny.HEAD_DIM,
                           intermediate=2 * spec.hidden, vocab=max(TINY_TOKENIZER_SIZES[spec.variant], spec.vocab),
                           tied=spec.tied)
     if name == EMBEDDED_NAME:

@@ -1,7 +1,9 @@
 """Tiny random Llama-style models and byte-level tokenizers, built in code (no hub), for tests.
 
-A spec `tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<variant>[:<seed>]]` names one model exactly
-(`-tied`: the output head shares the input embedding matrix, as in SmolLM2; `-v<vocab>`: the model's
+A spec `tiny-random:<hidden>x<layers>[-tied][-g<n>][-v<vocab>][:<variant>[:<seed>]]` names one model exactly
+(`-tied`: the output head shares the input embedding matrix, as in SmolLM2; `-g<n>`: n query heads share
+each key/value head, as Qwen2.5's 6 to 7 do (default: 2 when the head count is even, else none shared);
+`-v<vocab>`: the model's
 vocabulary is padded to `vocab` rows, as a real model's is larger than these tokenizers, for memory and
 speed checks at realistic logit sizes; ids past the tokenizer's decode to nothing): the same
 spec always gives the same weights and the same tokenizer, so two test nodes naming the same spec
@@ -44,7 +46,7 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(-tied)?(?:-v(\d+))?(?::([a-z]))?(?::(\d+))?$")
+_SPEC_RE = re.compile(r"^tiny-random:(\d+)x(\d+)(-tied)?(?:-g(\d+))?(?:-v(\d+))?(?::([a-z]))?(?::(\d+))?$")
 EOS_PROBABILITY = 1 / 25  # mean eos probability per position: completions stop after ~25 tokens on average
 
 
@@ -56,12 +58,25 @@ class TinySpec:
     seed: int = 0
     tied: bool = False
     vocab: int = 0  # model vocabulary rows; 0: the tokenizer's size
+    kv_group: int = 0  # query heads per key/value head; 0: the default (2 when the head count is even, else 1)
+
+    @property
+    def heads(self) -> int:
+        return self.hidden // HEAD_DIM
+
+    @property
+    def kv_heads(self) -> int:
+        if self.kv_group:
+            return self.heads // self.kv_group
+        return max(1, self.heads // 2) if self.heads % 2 == 0 else self.heads
 
     @property
     def dir_name(self) -> str:
         """A file-system-safe name; bump the suffix when the construction below changes."""
         padded = f"-v{self.vocab}" if self.vocab else ""
-        return f"tiny-{self.hidden}x{self.layers}{'-tied' if self.tied else ''}{padded}-{self.variant}-s{self.seed}-v2"
+        group = f"-g{self.kv_group}" if self.kv_group else ""
+        return (f"tiny-{self.hidden}x{self.layers}{'-tied' if self.tied else ''}{group}{padded}-{self.variant}"
+                f"-s{self.seed}-v2")
 
 
 def is_tiny_spec(name: str) -> bool:
@@ -69,13 +84,15 @@ def is_tiny_spec(name: str) -> bool:
 
 
 def parse_tiny_spec(name: str) -> TinySpec:
-    """Parse `tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<variant>[:<seed>]]`; raises ValueError if malformed."""
+    """Parse `tiny-random:<hidden>x<layers>[-tied][-g<n>][-v<vocab>][:<variant>[:<seed>]]`; raises ValueError if
+    malformed."""
     m = _SPEC_RE.match(name)
     if m is None:
         raise ValueError(f"bad tiny model spec {name!r}: "
-                         "expected tiny-random:<hidden>x<layers>[-tied][-v<vocab>][:<a|b|c>[:<seed>]]")
+                         "expected tiny-random:<hidden>x<layers>[-tied][-g<n>][-v<vocab>][:<a|b|c>[:<seed>]]")
     hidden, layers = int(m.group(1)), int(m.group(2))
-    tied, vocab, variant, seed = m.group(3) is not None, int(m.group(4) or 0), m.group(5) or "a", int(m.group(6) or 0)
+    tied, group, vocab = m.group(3) is not None, int(m.group(4) or 0), int(m.group(5) or 0)
+    variant, seed = m.group(6) or "a", int(m.group(7) or 0)
     if hidden < HEAD_DIM or hidden % HEAD_DIM or hidden > 4096:
         raise ValueError(f"tiny model hidden size must be a multiple of {HEAD_DIM} in [32, 4096], got {hidden}")
     if not 1 <= layers <= 64:
@@ -84,7 +101,10 @@ def parse_tiny_spec(name: str) -> TinySpec:
         raise ValueError(f"tiny tokenizer variant must be one of {VARIANTS}, got {variant!r}")
     if vocab > 262144:
         raise ValueError(f"tiny model vocabulary must be at most 262144, got {vocab}")
-    return TinySpec(hidden, layers, variant, seed, tied, vocab)
+    if m.group(4) is not None and (group < 1 or (hidden // HEAD_DIM) % group):
+        raise ValueError(f"tiny model -g{group}: the {hidden // HEAD_DIM} heads of hidden {hidden} must split into "
+                         f"groups of {group} (hidden = {HEAD_DIM} x heads)")
+    return TinySpec(hidden, layers, variant, seed, tied, vocab, group)
 
 
 def _arithmetic_corpus(n: int = 2000, seed: int = 0) -> list[str]:
@@ -157,14 +177,13 @@ def _calibrate_eos(model: LlamaForCausalLM, probe: torch.Tensor, eos_id: int) ->
 
 def build_tiny_model(spec: TinySpec, tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     """A randomly initialised float32 Llama, deterministic in `spec` (forks the torch RNG)."""
-    heads = spec.hidden // HEAD_DIM
     config = LlamaConfig(
         vocab_size=max(len(tokenizer), spec.vocab),
         hidden_size=spec.hidden,
         intermediate_size=2 * spec.hidden,
         num_hidden_layers=spec.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2) if heads % 2 == 0 else heads,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads,
         head_dim=HEAD_DIM,
         max_position_embeddings=4096,
         tie_word_embeddings=spec.tied,

@@ -27,7 +27,14 @@ def test_tiny_spec_parsing() -> None:
     assert tiny.parse_tiny_spec("tiny-random:64x3:b:7") == tiny.TinySpec(64, 3, "b", 7)
     assert tiny.parse_tiny_spec("tiny-random:64x1-tied") == tiny.TinySpec(64, 1, "a", 0, tied=True)
     assert tiny.parse_tiny_spec("tiny-random:64x1:c") == tiny.TinySpec(64, 1, "c", 0)
-    for bad in ("tiny-random:100x2", "tiny-random:128", "tiny-random:128x2:d", "tiny-random:128x0", "tiny:128x2"):
+    gqa = tiny.parse_tiny_spec("tiny-random:224x2-g7-v152064")  # Qwen2.5-like: 7 query heads per key/value head
+    assert (gqa.heads, gqa.kv_heads, gqa.vocab) == (7, 1, 152064) and "-g7" in gqa.dir_name
+    assert tiny.parse_tiny_spec("tiny-random:128x2").kv_heads == 2 and "-g" not in tiny.parse_tiny_spec(
+        "tiny-random:128x2").dir_name  # the default grouping keeps its directory name
+    built = tiny.build_tiny_model(tiny.parse_tiny_spec("tiny-random:224x1-g7"), tiny.build_tiny_tokenizer("a"))
+    assert (built.config.num_attention_heads, built.config.num_key_value_heads) == (7, 1)
+    for bad in ("tiny-random:100x2", "tiny-random:128", "tiny-random:128x2:d", "tiny-random:128x0", "tiny:128x2",
+                "tiny-random:256x2-g3", "tiny-random:256x2-g0"):
         with pytest.raises(ValueError):
             tiny.parse_tiny_spec(bad)
 
