@@ -129,7 +129,7 @@ def _run_one(spec: ExperimentSpec, pair: Any, arm: Any, seed: int, run_dir: Path
     t0 = time.perf_counter()
     kwargs = dict(steps=spec.experiment.steps, evaluate=evaluator, eval_every=spec.eval.every, run_dir=run_dir, log=log)
     if mode == "lockstep":
-        run_lockstep(configs, peer_lag=spec.experiment.peer_lag, seed=seed, **kwargs)
+        run_lockstep(configs, peer_lag=spec.peer_lag(arm), seed=seed, **kwargs)
     else:
         run_swarm(configs, **kwargs)
     seconds = time.perf_counter() - t0

@@ -46,6 +46,7 @@ from swarm_node.config.toml_text import apply_override
 from swarm_node.experiment.warmup import WarmupSpec
 
 DEFAULT_CACHE = Path("~/.cache/swarm-node/experiment")
+MAX_PEER_LAG = 32
 
 
 class _Strict(BaseModel):
@@ -59,7 +60,12 @@ class ExperimentSection(_Strict):
                                 "swarm: real processes over the hivemind DHT (`swarm-node local`).")
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1, description="One run per seed.")
     steps: int = Field(20, ge=1, description="RL steps per node per run.")
-    peer_lag: int = Field(0, ge=0, le=8, description="Lockstep: peers' records become visible k steps late.")
+    peer_lag: int = Field(
+        0, ge=0, le=MAX_PEER_LAG,
+        description="Lockstep: peers' records become visible k steps late (an arm's `peer_lag` overrides it). "
+                    "The nodes' swarm.staleness_steps and swarm.record_ttl_s are raised where they would drop "
+                    "or expire a group before it arrives (`node_config`), so a lag measures F-TIS on stale "
+                    "groups, not the node's staleness bound.")
     cache_dir: Path = Field(DEFAULT_CACHE, description="Where warm-up models and converted models are cached.")
     warmup_seed: Literal["per_seed", "fixed"] = Field(
         "per_seed",
@@ -158,6 +164,10 @@ class ArmSpec(_Strict):
         description="Multiplier of each node's own-generation budget: `train.prompts_per_step` x this. Every arm "
                     "but a declared reference keeps 1; `isolated-2x` (isolated, own_budget = 2) is the "
                     "'just more samples' reference: twice the own prompts per step, no peers.")
+    peer_lag: int | None = Field(
+        None, ge=0, le=MAX_PEER_LAG,
+        description="Lockstep: this arm's peer lag (peers' groups become visible k steps after they were made), "
+                    "overriding experiment.peer_lag; a staleness sweep is one arm per lag. None: the experiment's.")
 
     @model_validator(mode="before")
     @classmethod
@@ -186,6 +196,8 @@ class ArmSpec(_Strict):
         if not self.isolated and None in (self.correction, self.filter):
             raise ValueError(f"arm {self.name!r} needs correction (none | vis | tis) and filter (on | off), "
                              "or isolated = true")
+        if self.peer_lag is not None and self.isolated:
+            raise ValueError(f"arm {self.name!r} is isolated: it has no peers to lag (drop peer_lag)")
         if self.own_budget != 1 and not self.isolated:
             raise ValueError(f"arm {self.name!r}: own_budget != 1 is for isolated references only (a swarm arm "
                              "must spend the same own budget as isolated)")
@@ -208,6 +220,27 @@ class MetricsSection(_Strict):
     secondary: list[Literal["weak_skill", "overall", "ood"]] = Field(
         default_factory=list, description="Secondary metrics, reported after the primary one in the same form.")
     note: str = Field("", description="When and why the metrics were fixed (shown in the summary).")
+    contrasts: list[str] = Field(
+        default_factory=list,
+        description="Paired differences between two swarm arms fixed with the metrics, each \"PAIR/ARM - PAIR/ARM\" "
+                    "(e.g. \"cross-a/f-tis - same-bytes/f-tis\": the cost of crossing tokenizers): Δ AUC of the "
+                    "primary and secondary metrics for every node the two pairs share, paired by seed.")
+
+    @model_validator(mode="after")
+    def _check_contrasts(self) -> MetricsSection:
+        for c in self.contrasts:
+            parse_contrast(c)
+        return self
+
+
+def parse_contrast(text: str) -> tuple[tuple[str, str], tuple[str, str]]:
+    """\"PAIR/ARM - PAIR/ARM\" as ((pair, arm), (pair, arm)); raises ValueError if malformed."""
+    sides = [s.strip() for s in text.split(" - ")]
+    parts = [s.split("/") for s in sides]
+    if len(sides) != 2 or any(len(p) != 2 or not all(p) for p in parts):
+        raise ValueError(f"contrast {text!r}: expected \"PAIR/ARM - PAIR/ARM\"")
+    (a, b), (c, d) = parts
+    return (a, b), (c, d)
 
 
 class ExperimentSpec(_Strict):
@@ -246,8 +279,17 @@ class ExperimentSpec(_Strict):
         for node in self.nodes:
             if node.model is None and node.warmup is None:
                 raise ValueError(f"node {node.name!r} needs `model` or `warmup`")
-        horizontal = [a.name for a in self.arms if a.collaboration == "horizontal" and not a.isolated]
-        if horizontal and self.experiment.mode == "lockstep" and self.experiment.peer_lag:
+        pair_names = {p.name: p for p in self.pairs}
+        for text in self.metrics.contrasts:
+            sides = parse_contrast(text)
+            for pair, arm in sides:
+                if pair not in pair_names or arm not in [a.name for a in self.pair_arms(pair_names[pair])]:
+                    raise ValueError(f"contrast {text!r}: {pair}/{arm} is not an arm of a pair of this file")
+            if not set(pair_names[sides[0][0]].nodes) & set(pair_names[sides[1][0]].nodes):
+                raise ValueError(f"contrast {text!r}: the two pairs share no node")
+        horizontal = [a.name for a in self.arms if a.collaboration == "horizontal" and not a.isolated
+                      and self.peer_lag(a)]
+        if horizontal and self.experiment.mode == "lockstep":
             raise ValueError(f"horizontal arms {horizontal} need experiment.peer_lag = 0: the parts of a shared "
                              "group must reach every node in the step they are generated")
         return self
@@ -259,6 +301,10 @@ class ExperimentSpec(_Strict):
         for item in overrides or []:
             apply_override(data, item)
         return cls.model_validate(data)
+
+    def peer_lag(self, arm: ArmSpec) -> int:
+        """The lockstep peer lag of `arm`: its own `peer_lag`, else the experiment's."""
+        return self.experiment.peer_lag if arm.peer_lag is None else arm.peer_lag
 
     def node(self, name: str) -> NodeSpec:
         return next(n for n in self.nodes if n.name == name)
@@ -311,7 +357,13 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
     swarm = data.setdefault("swarm", {})
     swarm["swarm_id"] = f"exp-s{seed}"  # salts prompt selection: the same prompts in every arm of a seed
     swarm["collaboration"] = arm.collaboration
-    swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", 4)), spec.experiment.peer_lag + 1)
+    # A lagged group must still be admitted (staleness) and stored (TTL) when it arrives, lag + 1 windows
+    # after it was made: both only rise, so grids without a lag keep their settings.
+    lag = spec.peer_lag(arm)
+    swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", 4)), lag + 1)
+    window = float(swarm.get("window_seconds", SwarmConfig.model_fields["window_seconds"].default))
+    ttl = float(swarm.get("record_ttl_s", SwarmConfig.model_fields["record_ttl_s"].default))
+    swarm["record_ttl_s"] = max(ttl, (swarm["staleness_steps"] + 2) * window)
     objective = data.setdefault("objective", {})
     objective.pop("variant", None)  # the arm names the loss (as it always did, also over an old `variant`)
     if arm.isolated:  # on-policy GRPO: the swarm off and no peer samples
