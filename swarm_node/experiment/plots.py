@@ -59,3 +59,44 @@ def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
     plt.close(fig)
+
+
+def plot_lags(table: dict, spec: Any, pair: Any, path: Path) -> None:
+    """A staleness sweep: per node, the primary metric's paired Δ AUC to isolated (mean, 95% interval over
+    seeds) against the arm's peer lag, one line per variant (f-tis, nois, ...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(pair.nodes), figsize=(4.6 * len(pair.nodes), 3.4), squeeze=False)
+    for ax, node in zip(axes[0], pair.nodes, strict=True):
+        key = metric_key(spec, node, spec.metrics.primary)
+        by_variant: dict[str, list[tuple[int, float, float]]] = {}
+        for arm in spec.pair_arms(pair):
+            row = table.get(f"{pair.name}|{arm.name}|{node}")
+            if arm.isolated or row is None or key not in row.get("d_aucs", {}):
+                continue
+            mean, half = row["d_aucs"][key]
+            by_variant.setdefault(arm.variant_name, []).append((spec.peer_lag(arm), mean, half))
+        for i, (variant, points) in enumerate(sorted(by_variant.items())):
+            points.sort()
+            x = [p[0] + 0.08 * i for p in points]  # side by side where two variants share a lag
+            ax.errorbar(x, [p[1] for p in points], yerr=[0.0 if math.isnan(p[2]) else p[2] for p in points],
+                        marker="o", capsize=3, label=variant, lw=2.0 if variant == "f-tis" else 1.2)
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xscale("symlog", linthresh=1.0)
+        lags = sorted({spec.peer_lag(a) for a in spec.pair_arms(pair) if not a.isolated})
+        ax.set_xticks(lags)
+        ax.set_xticklabels([str(k) for k in lags])
+        ax.set_title(f"{pair.name}: {node}", fontsize=9)
+        ax.set_xlabel("peer lag (steps)", fontsize=8)
+        ax.set_ylabel(f"Δ AUC vs isolated ({key})", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        if by_variant:
+            ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_with(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
+    plt.close(fig)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm_node.util.atomic import atomic_write_text
-from swarm_node.experiment.plots import plot_pair
-from swarm_node.experiment.primary import fixed_metrics
+from swarm_node.experiment.plots import plot_lags, plot_pair
+from swarm_node.experiment.primary import fixed_metrics, verdict
 from swarm_node.experiment.stats import curve_auc, mean_ci
 from swarm_node.util.machine import describe
 
@@ -35,7 +35,9 @@ def _read_jsonl(path: Path) -> list[dict]:
 KL_ESTIMATORS = ("k3_gen", "k3_theta")
 PEER_COLUMNS = ("peer_samples_gradient", "peer_filtered_fraction", "is_weight_peer_mean",
                 *(f"kl_{e}_{s}" for e in KL_ESTIMATORS for s in ("p50", "p90", "max")), "train_reward_last5",
-                "crosstok_samples", "crosstok_tokens_per_chunk", "step_seconds_p50")
+                "crosstok_samples", "crosstok_tokens_per_chunk", "step_seconds_p50",
+                "is_weight_peer_max", "truncated_peer_fraction", "peer_filtered_advantage_fraction",
+                "peer_filtered_kl_fraction")
 
 
 OFFER_COLUMNS = ("peer_groups_offered", "peer_groups_taken", "peer_cap_bound_steps")
@@ -77,7 +79,21 @@ def run_metrics(run_dir: Path, node: str) -> dict[str, float]:
         "crosstok_tokens_per_chunk": (sum(r["crosstok_tokens_per_chunk"] * r["crosstok_samples"] for r in xtok) / xtok_n
                                       if xtok_n > 0 else math.nan),
         "step_seconds_p50": _median([r["step_seconds"] for r in rows if "step_seconds" in r]),
+        # what truncation and the filter did to peers' data: the run's largest weight before truncation,
+        # the fraction of peer tokens truncated at C (steps weighted by peer tokens), and the fraction of
+        # peer samples that met each filter condition (a sample may meet both; nan when none were scored)
+        "is_weight_peer_max": max((r["is_weight_peer_max"] for r in with_peers if "is_weight_peer_max" in r),
+                                  default=math.nan),
+        "truncated_peer_fraction": (sum(r.get("truncated_peer_fraction", 0.0) * r.get("peer_tokens", 0.0)
+                                        for r in with_peers) / peer_tokens
+                                    if peer_tokens > 0 and any("truncated_peer_fraction" in r for r in with_peers)
+                                    else math.nan),
     }
+    scored = [r for r in with_peers if "filtered_kl" in r]
+    scored_n = sum(r.get("peer_samples", 0.0) for r in scored)
+    for reason, key in (("advantage", "filtered_nonpositive_advantage"), ("kl", "filtered_kl")):
+        out[f"peer_filtered_{reason}_fraction"] = (sum(r.get(key, 0.0) for r in scored) / scored_n
+                                                   if scored_n > 0 else math.nan)
     for e in KL_ESTIMATORS:
         steps = [r for r in with_peers if f"kl_peer_{e}_p50" in r]
         out[f"kl_{e}_p50"] = _median([r[f"kl_peer_{e}_p50"] for r in steps])
@@ -251,7 +267,9 @@ def _g(v: float) -> str:
     return "-" if math.isnan(v) else f"{v:.3g}"
 
 
-def markdown(table: dict, spec: Any, out: Path) -> str:
+def markdown(table: dict, spec: Any, out: Path, data: dict | None = None) -> str:
+    """summary.md; `data`: `collect(out, spec)` when the caller has it (else it is read again)."""
+    data = collect(out, spec) if data is None else data
     e = spec.experiment
     split = "held-out" if spec.eval.split == "heldout" else "validation"
     lines = [f"# {e.name}: {split} accuracy, mean ± 95% interval over seeds", "",
@@ -264,6 +282,8 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
              "k3_gen estimator (of KL(pi_gen || pi_theta), unbiased on peers' samples) and the k3_theta form.", ""]
     lines += machine_lines(run_machines(out, spec))
     lines += fixed_metrics(table, spec)[1]
+    lines += contrast_lines(contrast_rows(data, spec))
+    lines += starting_lines(data, spec)[1]
     for pair in spec.pairs:
         if not any(key.startswith(f"{pair.name}|") for key in table):
             continue  # a pair with no finished run (not run yet, or not chosen)
@@ -290,8 +310,104 @@ def markdown(table: dict, spec: Any, out: Path) -> str:
         lines.append("")
         if len(kl_lines) > 2:
             lines += [f"Per-sample KL to peers ({pair.name}):", "", *kl_lines, ""]
-        lines += offer_lines(table, spec, pair) + crosstok_lines(table, spec, pair)
+        lines += offer_lines(table, spec, pair) + crosstok_lines(table, spec, pair) + weight_lines(table, spec, pair)
     return "\n".join(lines)
+
+
+def weight_lines(table: dict, spec: Any, pair: Any) -> list[str]:
+    """What truncation and the KL filter did to peers' data per swarm arm (per run, mean over seeds), with
+    the arm's peer lag: which of the two carries a gain can be read across arms (a staleness sweep)."""
+    rows = []
+    for arm in spec.pair_arms(pair):
+        for node in pair.nodes:
+            row = table.get(f"{pair.name}|{arm.name}|{node}")
+            if row is None or arm.isolated:
+                continue
+            rows.append(f"| {arm.name} | {spec.peer_lag(arm)} | {node} | {_fmt(row['is_weight_peer_mean'], math.nan, 3)} | "
+                        f"{_g(row['is_weight_peer_max'])} | {_fmt(row['truncated_peer_fraction'], math.nan, 4)} | "
+                        f"{_fmt(row['peer_filtered_advantage_fraction'], math.nan, 3)} | "
+                        f"{_fmt(row['peer_filtered_kl_fraction'], math.nan, 4)} | {_fmt(row['peer_groups_taken'], math.nan, 0)} |")
+    if not rows:
+        return []
+    return [f"Importance weights and the filter ({pair.name}; per run, mean over seeds): lag = steps a peer group "
+            "waits before its receiver can take it; IS mean / max = pi_theta_old/pi_gen over peers' tokens before "
+            "truncation (the max is the largest of any run's steps); truncated = peer tokens whose weight was cut "
+            "at C; A <= 0 / KL > g = peer samples that met each filter condition (a sample may meet both; "
+            "'-' when the arm has no filter); groups = peer groups taken:", "",
+            "| arm | lag | node | IS mean | IS max | truncated | A <= 0 | KL > g | groups |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
+
+
+def starting_lines(data: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
+    """Each node's held-out accuracy at step 0 (its warm model; mean and interval over seeds), overall
+    and on its weak skill, read from its isolated runs: whether nodes of different tokenizers or sizes
+    start level."""
+    out: dict[str, Any] = {}
+    for node in spec.nodes:
+        runs = next((runs for pair in spec.pairs if node.name in pair.nodes
+                     for runs in [isolated_runs(data, pair, node.name, spec)] if runs), {})
+        if not runs:
+            continue
+        weak = f"accuracy_{node.weak_skill}" if node.weak_skill else None
+        out[node.name] = {"seeds": sorted(runs), "overall": mean_ci([r["acc"][0] for r in runs.values()]),
+                          **({"weak": mean_ci([r["curves"][weak][0] for r in runs.values() if weak in r.get("curves", {})])}
+                             if weak else {}),
+                          "isolated_final_weak": (mean_ci([r["finals"][weak] for r in runs.values() if weak in r.get("finals", {})])
+                                                  if weak else (math.nan, math.nan))}
+    if not out:
+        return out, []
+    lines = ["## Starting points", "", "Held-out accuracy of each node's warm model at step 0, and its weak skill at "
+             "the last step of its isolated run (mean ± 95% interval over seeds):", "",
+             "| node | model | step-0 overall | step-0 weak skill | isolated, last step, weak skill | n |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, row in out.items():
+        node = spec.node(name)
+        base = (node.warmup or {}).get("base", node.model)
+        lines.append(f"| {name} | {base} | {_fmt(*row['overall'])} | {_fmt(*row.get('weak', (math.nan, math.nan)))} | "
+                     f"{_fmt(*row['isolated_final_weak'])} | {len(row['seeds'])} |")
+    return out, lines + [""]
+
+
+def contrast_rows(data: dict, spec: Any) -> list[dict[str, Any]]:
+    """The file's contrasts (`metrics.contrasts`): per contrast, shared node and metric, the paired Δ AUC."""
+    from swarm_node.experiment.compare import paired_delta
+    from swarm_node.experiment.primary import metric_key
+    from swarm_node.experiment.spec import parse_contrast
+
+    out = []
+    pairs = {p.name: p for p in spec.pairs}
+    for text in spec.metrics.contrasts:
+        (pa, aa), (pb, ab) = parse_contrast(text)
+        shared = [n for n in pairs[pa].nodes if n in pairs[pb].nodes]
+        for metric in (spec.metrics.primary, *spec.metrics.secondary):
+            for node in shared:
+                key = metric_key(spec, node, metric)
+                if key is None:
+                    continue
+                try:
+                    mean, half, n = paired_delta(data, f"{pa}/{aa}", f"{pb}/{ab}", node, key)
+                except ValueError:
+                    continue
+                out.append({"contrast": text, "node": node, "metric": metric, "key": key, "d_auc": mean,
+                            "half": half, "n": n, "verdict": verdict(mean, half)})
+    return out
+
+
+def contrast_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Contrasts fixed in the file", "", "Paired by seed, the same node in both arms: Δ AUC of the first "
+             "arm minus the second.", "", "| contrast | node | metric | Δ AUC | clears 0 | n |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['contrast']} | {r['node']} | {r['key']} | {_fmt_signed(r['d_auc'], r['half'])} | {r['verdict']} | "
+              f"{r['n']} |" for r in rows]
+    return lines + [""]
+
+
+def _fmt_signed(m: float, h: float) -> str:
+    if math.isnan(m):
+        return "-"
+    return f"{m:+.3f}" if math.isnan(h) else f"{m:+.3f} ± {h:.3f}"
 
 
 def crosstok_lines(table: dict, spec: Any, pair: Any) -> list[str]:
@@ -334,10 +450,15 @@ def write_summary(out: Path, spec: Any) -> dict[str, Any]:
     data = collect(out, spec)
     table = summarise(data, spec)
     fixed, _ = fixed_metrics(table, spec)
-    record = {"metrics": fixed, "table": table, "runs": data, "machines": run_machines(out, spec)}
+    contrasts = contrast_rows(data, spec)
+    starting, _ = starting_lines(data, spec)
+    record = {"metrics": fixed, "contrasts": contrasts, "starting": starting, "table": table, "runs": data,
+              "machines": run_machines(out, spec)}
     atomic_write_text(out / "summary.json", json.dumps(record, indent=1, default=str))
-    atomic_write_text(out / "summary.md", markdown(table, spec, out))
+    atomic_write_text(out / "summary.md", markdown(table, spec, out, data))
     for pair in spec.pairs:
         if data.get(pair.name):
             plot_pair(data, spec, pair, out / "plots" / f"{pair.name}.png")
+            if len({spec.peer_lag(a) for a in spec.pair_arms(pair) if not a.isolated}) > 1:
+                plot_lags(table, spec, pair, out / "plots" / f"{pair.name}_lag.png")
     return table
