@@ -129,3 +129,69 @@ def test_bootstrap_identity_is_stable(tmp_path):
     first = mod.ensure_identity(path)
     assert first == mod.ensure_identity(path) and len(first) > 40
     assert path.stat().st_mode & 0o077 == 0
+
+
+def _experiment(name: str):
+    from swarm_node.experiment.spec import ExperimentSpec
+
+    return ExperimentSpec.load(ROOT / "examples" / name)
+
+
+def test_crosstok_long_assignments_and_reference_share_seeds():
+    """Claim 1d (issue 42): both tokenizer assignments and the same-tokenizer references run on the same
+    fresh seeds, with 1a's nodes and settings, so the crossing cost is a paired number."""
+    from swarm_node.experiment.spec import parse_contrast
+
+    spec, one_a = _experiment("sandbox_crosstok_long.toml"), _experiment("sandbox_power_long.toml")
+    base = {n.name: n.warmup["base"] for n in spec.nodes}
+    pairs = {p.name: p for p in spec.pairs}
+    assert [base[n] for n in pairs["cross-a"].nodes] == ["tiny-random:64x2", "tiny-random:64x2:c"]  # add on bytes
+    assert [base[n] for n in pairs["cross-b"].nodes] == ["tiny-random:64x2:c", "tiny-random:64x2"]  # the mirror
+    assert pairs["same-bytes"].nodes == one_a.pairs[0].nodes == ["add-spec", "sub-spec"]
+    for name in ("add-spec", "sub-spec"):  # the 1a nodes themselves
+        assert spec.node(name) == one_a.node(name)
+    for role in ("add", "sub"):  # the BPE specialists differ from the byte ones by the tokenizer only
+        byte, bpe = spec.node(f"{role}-spec"), spec.node(f"{role}-spec-bpe")
+        assert {**bpe.warmup, "base": byte.warmup["base"]} == byte.warmup and bpe.weak_skill == byte.weak_skill
+    assert {k: v for k, v in spec.defaults.items() if k != "swarm"} == {k: v for k, v in one_a.defaults.items() if k != "swarm"}
+    assert spec.defaults["swarm"] == {**one_a.defaults["swarm"], "cross_tokenizer": True}
+    assert (spec.experiment.steps, spec.eval) == (one_a.experiment.steps, one_a.eval)
+    # every pair runs on every seed of the file: the same seeds, at least 16, none used by 1a (0-23)
+    seeds = spec.experiment.seeds
+    assert len(seeds) >= 16 and not set(seeds) & set(range(24)) and spec.eval.problems == 1024
+    runs = spec.runs()
+    for pair in pairs:
+        assert sorted({s for p, a, s in runs if p.name == pair and a.name == "f-tis"}) == sorted(seeds)
+    assert {s for p, a, s in runs if a.isolated} == set(seeds)
+    # each node of a cross pair has its isolated run and its same-tokenizer F-TIS reference on those seeds
+    isolated = {n for p, a, _ in runs if a.isolated for n in p.nodes}
+    assert isolated == {n.name for n in spec.nodes}
+    contrasts = [parse_contrast(c) for c in spec.metrics.contrasts]
+    for cross in ("cross-a", "cross-b"):
+        for node in pairs[cross].nodes:
+            ref = next(p for p in ("same-bytes", "same-bpe") if node in pairs[p].nodes)
+            assert ((cross, "f-tis"), (ref, "f-tis")) in contrasts
+    assert spec.metrics.primary == "weak_skill"
+
+
+def test_staleness_sweep_lags_and_seeds(tmp_path):
+    """The staleness sweep (issue 42): 1a's pair and settings, F-TIS and NoIS at the same lags, fresh seeds,
+    and every lag admitted and kept by the nodes until it arrives."""
+    from swarm_node.experiment.spec import node_config
+
+    spec, one_a = _experiment("sandbox_staleness.toml"), _experiment("sandbox_power_long.toml")
+    assert spec.pairs[0].nodes == ["add-spec", "sub-spec"]
+    for name in ("add-spec", "sub-spec"):
+        assert spec.node(name) == one_a.node(name)
+    assert spec.defaults == one_a.defaults and spec.eval == one_a.eval and spec.experiment.steps == 100
+    lags = {}
+    for arm in spec.arms:
+        if not arm.isolated:
+            lags.setdefault(arm.variant_name, set()).add(spec.peer_lag(arm))
+    assert lags == {"f-tis": {0, 1, 2, 4, 8, 16}, "nois": {0, 1, 2, 4, 8, 16}}
+    assert len(spec.experiment.seeds) >= 8 and not set(spec.experiment.seeds) & set(range(40))
+    for arm in spec.arms:
+        cfg = node_config(spec, spec.nodes[0], arm, 40, 0, tmp_path / arm.name, "unused")
+        lag = spec.peer_lag(arm)
+        assert cfg.swarm.staleness_steps >= lag + 1 or arm.isolated
+        assert cfg.swarm.record_ttl_s > (lag + 1) * cfg.swarm.window_seconds
