@@ -7,7 +7,9 @@ so it can be audited and fuzzed on its own.
 from protocol.codec import DEFAULT_LIMITS, DEFAULT_SCHEME, Limits, Scheme, decode, encode
 from protocol.messages import (
     EXCHANGE_VERSION,
+    INDEX_VERSION,
     PROTOCOL_VERSION,
+    STATUS_VERSION,
     SUPPORTED_VERSIONS,
     Completion,
     IndexEntry,
@@ -28,7 +30,9 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_SCHEME",
     "EXCHANGE_VERSION",
+    "INDEX_VERSION",
     "PROTOCOL_VERSION",
+    "STATUS_VERSION",
     "SUPPORTED_VERSIONS",
     "Completion",
     "IndexEntry",

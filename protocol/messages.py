@@ -14,27 +14,38 @@ from typing import Any
 
 import numpy as np
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """The newest version this code writes. Every message carries its version; a node refuses others.
 
 Version 2 added a completion's `text` and `piece_bytes` (cross-tokenizer exchange), a group's
 `adapter_digest` (the declared model, for logprob spot-checks) and a status record's
 `tokenizer_fingerprint`. Version 3 added a status record's receipts (`NodeStatus.receipts`,
-`receipts_span_s`) and changed no other body, so status records are written at version 3 and
-every other message at `EXCHANGE_VERSION` (2): a version-2 node still exchanges groups, indexes
-and prompt sets with this one, and refuses its status records as `bad_version`. An older decoder
-would refuse a newer body as malformed (its field counts are exact), not misread it; the version
-says which layout a body has, so a node that does not know it refuses it as `bad_version` rather
-than as garbage."""
+`receipts_span_s`). Version 4 added an index entry's declaration of its group
+(`IndexEntry.tokenizer_fingerprint`, `has_text`, `group_size`), so a receiver can skip a group it
+cannot use without downloading it. Each changed one body only, so each message is written at the
+newest version that changed its body: index records at `INDEX_VERSION` (4), status records at
+`STATUS_VERSION` (3), groups and prompt-set records at `EXCHANGE_VERSION` (2). A version-4 node
+reads the indexes of version-2 and 3 nodes (their entries declare nothing: it fetches them as
+before); a version-2 or 3 node refuses a version-4 index as `bad_version` (its decoder knows no
+entry of 8 fields), so nodes of those versions take no group of a version-4 node: upgrade a swarm
+together. An older decoder would refuse a newer body as malformed (its field counts are exact), not
+misread it; the version says which layout a body has, so a node that does not know it refuses it
+as `bad_version` rather than as garbage."""
 
 EXCHANGE_VERSION = 2
-"""The version groups, indexes and prompt-set records are written at: their layout is the same in
-versions 2 and 3 (version 3 changed the status record only)."""
+"""The version groups and prompt-set records are written at: their layout is the same in versions
+2, 3 and 4 (version 3 changed the status record only, version 4 the index record only)."""
 
-SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, EXCHANGE_VERSION, PROTOCOL_VERSION})
+STATUS_VERSION = 3
+"""The version status records are written at (version 4 did not change their layout)."""
+
+INDEX_VERSION = 4
+"""The version rollout index records are written at: their entries declare their groups."""
+
+SUPPORTED_VERSIONS: frozenset[int] = frozenset({1, EXCHANGE_VERSION, STATUS_VERSION, INDEX_VERSION})
 """Versions this code can decode (and encode: a message declaring version 1 is written in the
 version-1 layout, which cannot carry completion text or a status fingerprint; a status record
-declaring version 1 or 2 cannot carry receipts)."""
+declaring version 1 or 2 cannot carry receipts; an index of versions 1-3 declares nothing)."""
 
 FINISH_REASONS: tuple[str, ...] = ("stop", "length")
 NODE_ROLES: tuple[str, ...] = ("trainer", "observer")
@@ -222,23 +233,39 @@ class RolloutGroup(_WireEq):
 @dataclass(frozen=True, kw_only=True, eq=False)
 class IndexEntry(_WireEq):
     """Where one encoded RolloutGroup lives: the concatenation of the content-addressed chunks
-    `chunk_digests` (sha256 hex, in order) is the encoding, `size` bytes long."""
+    `chunk_digests` (sha256 hex, in order) is the encoding, `size` bytes long.
+
+    Version 4: the entry also declares its group, so a receiver decides before downloading whether
+    it can use it: the group's `tokenizer_fingerprint`, whether every completion carries text
+    (`has_text`) and its G (`group_size`). An entry whose fingerprint is "" declares nothing (every
+    entry of versions 1-3): it is fetched and judged as before. A declaration the fetched group
+    contradicts is an `index_mismatch`, a fault of the sender."""
 
     chunk_digests: tuple[str, ...]  # >= 1 digests of 64 lowercase hex characters
     size: int  # total bytes of the encoded group
     prompt_index: int
     policy_version: int
     created_at: float
+    tokenizer_fingerprint: str = ""  # version 4: the group's; "" = not declared
+    has_text: bool = False  # version 4: every completion of the group carries its text
+    group_size: int = 0  # version 4: the group's number of completions; 0 = not declared
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_digests", _as_tuple(self.chunk_digests, "chunk_digests"))
+        if not isinstance(self.has_text, bool):
+            raise ProtocolError(f"has_text must be a bool, got {type(self.has_text).__name__}")
+
+    @property
+    def declared(self) -> bool:
+        """Whether the entry declares its group (version 4, a fingerprint given)."""
+        return bool(self.tokenizer_fingerprint)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class RolloutIndex(_WireEq):
     """The small record a peer publishes under the per-window key (its own subkey)."""
 
-    protocol_version: int = EXCHANGE_VERSION
+    protocol_version: int = INDEX_VERSION
     sender: str
     window: int  # keys.window_of(created_at, window_seconds)
     entries: tuple[IndexEntry, ...]
@@ -300,7 +327,7 @@ class NodeStatus(_WireEq):
     validate: finite, within [0, MAX_RECEIPTS_SPAN_S]); senders distinct. Records of versions 1 and
     2 decode with none."""
 
-    protocol_version: int = PROTOCOL_VERSION
+    protocol_version: int = STATUS_VERSION
     peer_id: str
     role: str  # 'trainer' | 'observer'
     model_id: str

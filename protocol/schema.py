@@ -17,7 +17,9 @@ Bodies (version 2; version 1 differs where noted):
                        text_bytes (UTF-8, all completions' texts concatenated),
                        piece_bytes (<u2, all completions' piece lengths concatenated)
                       Version 1: without adapter_digest and never with text (12 fields).
-    RolloutIndex      [sender, window, [[[digest, ...], size, prompt_index, policy_version, created_at], ...]]
+    RolloutIndex      [sender, window, [[[digest, ...], size, prompt_index, policy_version, created_at,
+                                        tokenizer_fingerprint, has_text, group_size], ...]]
+                      (versions 1-3: entries of the first 5 fields only)
     NodeStatus        [peer_id, role, model_id, step, timestamp, [maddr, ...], {metric: value},
                        tokenizer_fingerprint, receipts_span_s,
                        [[sender, taken, samples, gradient, filtered, filtered_advantage, filtered_kl,
@@ -36,6 +38,13 @@ from typing import Any
 
 import numpy as np
 
+from protocol.fields import bool_field as _bool
+from protocol.fields import bytes_field as _bytes
+from protocol.fields import digests_field as _digests
+from protocol.fields import float_field as _float
+from protocol.fields import int_field as _int
+from protocol.fields import seq_field as _seq
+from protocol.fields import str_field as _str
 from protocol.limits import Limits
 from protocol.messages import (
     Completion,
@@ -52,56 +61,6 @@ from protocol.messages import (
     RolloutIndex,
     SamplingParams,
 )
-
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-
-
-def _str(v: Any, what: str, max_len: int) -> str:
-    """`v` as a str of at most `max_len` bytes UTF-8 encoded (a bound in bytes, not characters)."""
-    if not isinstance(v, str):
-        raise ProtocolError(f"{what}: expected str, got {type(v).__name__}")
-    size = len(v) if len(v) > max_len or len(v) * 4 <= max_len else len(v.encode("utf-8", "surrogatepass"))
-    if size > max_len:
-        raise ProtocolError(f"{what}: string of {size} bytes or more exceeds {max_len}")
-    return v
-
-
-def _int(v: Any, what: str, lo: int = _INT_MIN, hi: int = _INT_MAX) -> int:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-        raise ProtocolError(f"{what}: expected int, got {type(v).__name__}")
-    if not lo <= v <= hi:
-        raise ProtocolError(f"{what}: {v} outside [{lo}, {hi}]")
-    return int(v)
-
-
-def _float(v: Any, what: str, strict: bool) -> float:
-    ok = isinstance(v, float) or (not strict and isinstance(v, (int, np.integer, np.floating)))
-    if not ok or isinstance(v, bool):
-        raise ProtocolError(f"{what}: expected float, got {type(v).__name__}")
-    return float(v)
-
-
-def _bytes(v: Any, what: str, max_len: int) -> bytes:
-    if not isinstance(v, bytes):
-        raise ProtocolError(f"{what}: expected bytes, got {type(v).__name__}")
-    if len(v) > max_len:
-        raise ProtocolError(f"{what}: {len(v)} bytes exceeds {max_len}")
-    return v
-
-
-def _seq(v: Any, what: str, max_len: int, exact: int | None = None) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(v, (list, tuple)):
-        raise ProtocolError(f"{what}: expected array, got {type(v).__name__}")
-    if exact is not None and len(v) != exact:
-        raise ProtocolError(f"{what}: expected {exact} fields, got {len(v)}")
-    if len(v) > max_len:
-        raise ProtocolError(f"{what}: {len(v)} items exceeds {max_len}")
-    return v
-
-
-def _digests(v: Any, limits: Limits) -> tuple[str, ...]:
-    return tuple(_str(d, "digest", limits.max_string_len) for d in _seq(v, "chunk_digests", limits.max_chunk_digests))
-
 
 def shuffle_bytes(buf: bytes, width: int = 4) -> bytes:
     """Byte-transpose `buf` of width-byte items: all first bytes, then all second bytes, ..."""
@@ -136,13 +95,7 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
     if isinstance(msg, RolloutGroup):
         return _group_to_wire(msg, limits, shuffle)
     if isinstance(msg, RolloutIndex):
-        entries = _seq(msg.entries, "entries", limits.max_index_entries)
-        return [_str(msg.sender, "sender", s), _int(msg.window, "window"), [
-            [[_str(d, "digest", s) for d in _seq(e.chunk_digests, "chunk_digests", limits.max_chunk_digests)],
-             _int(e.size, "size", 0), _int(e.prompt_index, "prompt_index"),
-             _int(e.policy_version, "policy_version"), _float(e.created_at, "created_at", False)]
-            for e in entries
-        ]]
+        return _index_to_wire(msg, limits)
     if isinstance(msg, NodeStatus):
         if len(msg.metrics) > limits.max_metrics:
             raise ProtocolError(f"metrics: {len(msg.metrics)} entries exceeds {limits.max_metrics}")
@@ -179,6 +132,38 @@ def to_wire(msg: Message, limits: Limits, shuffle: bool) -> list[Any]:
         return [[[_int(i, "item index"), _str(q, "question", t), _str(a, "answer", t)]
                  for i, q, a in (_seq(it, "item", 3, exact=3) for it in items)]]
     raise ProtocolError(f"cannot encode {type(msg).__name__}")
+
+
+def _index_to_wire(msg: RolloutIndex, limits: Limits) -> list[Any]:
+    s, declares = limits.max_string_len, msg.protocol_version >= 4
+    out = []
+    for e in _seq(msg.entries, "entries", limits.max_index_entries):
+        head = [[_str(d, "digest", s) for d in _seq(e.chunk_digests, "chunk_digests", limits.max_chunk_digests)],
+                _int(e.size, "size", 0), _int(e.prompt_index, "prompt_index"),
+                _int(e.policy_version, "policy_version"), _float(e.created_at, "created_at", False)]
+        declaration = [_str(e.tokenizer_fingerprint, "tokenizer_fingerprint", s), _bool(e.has_text, "has_text"),
+                       _int(e.group_size, "group_size", 0, limits.max_completions)]
+        if not declares and (declaration[0] or declaration[1] or declaration[2]):
+            raise ProtocolError(f"a version-{msg.protocol_version} index entry cannot declare its group")
+        out.append(head + declaration if declares else head)
+    return [_str(msg.sender, "sender", s), _int(msg.window, "window"), out]
+
+
+def _index_from_wire(obj: Any, version: int, limits: Limits) -> RolloutIndex:
+    s, n_fields = limits.max_string_len, 8 if version >= 4 else 5
+    sender, window, entries = _seq(obj, "RolloutIndex", 3, exact=3)
+    out = []
+    for e in _seq(entries, "entries", limits.max_index_entries):
+        digests, size, prompt_index, policy_version, created_at, *declared = _seq(e, "entry", 8, exact=n_fields)
+        fingerprint, has_text, group_size = declared or ("", False, 0)
+        out.append(IndexEntry(
+            chunk_digests=_digests(digests, limits), size=_int(size, "size", 0),
+            prompt_index=_int(prompt_index, "prompt_index"), policy_version=_int(policy_version, "policy_version"),
+            created_at=_float(created_at, "created_at", True),
+            tokenizer_fingerprint=_str(fingerprint, "tokenizer_fingerprint", s), has_text=_bool(has_text, "has_text"),
+            group_size=_int(group_size, "group_size", 0, limits.max_completions)))
+    return RolloutIndex(protocol_version=version, sender=_str(sender, "sender", s), window=_int(window, "window"),
+                        entries=tuple(out))
 
 
 RECEIPT_COUNTS = ("taken", "samples", "gradient", "filtered", "filtered_advantage", "filtered_kl")  # body order
@@ -261,18 +246,7 @@ def from_wire(kind: str, obj: Any, version: int, limits: Limits, shuffled: bool)
     if kind == "ROLLOUT_GROUP":
         return _group_from_wire(obj, version, limits, shuffled)
     if kind == "ROLLOUT_INDEX":
-        sender, window, entries = _seq(obj, "RolloutIndex", 3, exact=3)
-        out = []
-        for e in _seq(entries, "entries", limits.max_index_entries):
-            digests, size, prompt_index, policy_version, created_at = _seq(e, "entry", 5, exact=5)
-            out.append(IndexEntry(
-                chunk_digests=_digests(digests, limits),
-                size=_int(size, "size", 0), prompt_index=_int(prompt_index, "prompt_index"),
-                policy_version=_int(policy_version, "policy_version"),
-                created_at=_float(created_at, "created_at", True),
-            ))
-        return RolloutIndex(protocol_version=version, sender=_str(sender, "sender", s),
-                            window=_int(window, "window"), entries=tuple(out))
+        return _index_from_wire(obj, version, limits)
     if kind == "NODE_STATUS":
         n_fields = {1: 7, 2: 8}.get(version, 10)
         peer_id, role, model_id, step, timestamp, maddrs, metrics, *rest = _seq(obj, "NodeStatus", 10, exact=n_fields)

@@ -49,7 +49,7 @@ def frame(body: bytes, kind: int = 1, scheme: int = 0, version: int = 1, declare
         (b"", "truncated"),
         (b"SN\x01", "truncated"),
         (b"XX" + bytes(20), "bad magic"),
-        (frame(b"\x90", version=4), "unsupported protocol version 4"),
+        (frame(b"\x90", version=5), "unsupported protocol version 5"),
         (frame(b"\x90", kind=9), "unknown message type 9"),
         (frame(b"\x90", scheme=7), "unknown compression scheme 7"),
         (frame(b"\x90", declared=1 << 31), "exceeds"),
@@ -281,3 +281,30 @@ def test_protocol_imports_only_stdlib_msgpack_numpy_zstandard() -> None:
             for name in names:
                 assert name.split(".")[0] in allowed, f"{path} imports {name}"
     assert msgpack.version >= (1, 0)
+
+
+def test_index_entries_declare_their_groups_from_version_4() -> None:
+    """Version 4: an entry declares its group's tokenizer, text and G; older indexes declare nothing
+    and still decode (a receiver fetches their groups as before); an older layout cannot declare."""
+    from protocol.messages import IndexEntry, RolloutIndex
+
+    declared = IndexEntry(chunk_digests=("ab" * 32,), size=100, prompt_index=3, policy_version=1, created_at=5.0,
+                          tokenizer_fingerprint="fp-a", has_text=True, group_size=12)
+    data = encode(RolloutIndex(sender="p", window=1, entries=(declared,)))
+    back = decode(data)
+    assert data[2] == 4 and back.entries == (declared,) and back.entries[0].declared
+    old = dataclasses.replace(declared, tokenizer_fingerprint="", has_text=False, group_size=0)
+    v2 = decode(encode(RolloutIndex(protocol_version=2, sender="p", window=1, entries=(old,))))
+    assert v2.protocol_version == 2 and v2.entries == (old,) and not v2.entries[0].declared
+    with pytest.raises(ProtocolError, match="version-2 index entry cannot declare"):
+        encode(RolloutIndex(protocol_version=2, sender="p", window=1, entries=(declared,)))
+    entry = [["ab" * 32], 100, 3, 1, 5.0]
+    for version, fields, match in [(4, entry, "entry: expected 8 fields, got 5"),  # a version-4 entry of 5 fields
+                                   (2, [*entry, "fp", True, 4], "entry: expected 5 fields, got 8"),
+                                   (4, [*entry, "fp", 1, 4], "has_text: expected bool"),
+                                   (4, [*entry, "fp", True, -1], "group_size: -1 outside")]:
+        body = msgpack.packb(["p", 1, [fields]], use_bin_type=True)
+        with pytest.raises(ProtocolError, match=match):
+            decode(frame(body, kind=2, version=version))
+    with pytest.raises(ProtocolError, match="has_text must be a bool"):
+        IndexEntry(chunk_digests=(), size=0, prompt_index=0, policy_version=0, created_at=0.0, has_text=1)

@@ -73,7 +73,16 @@ index_entries = st.builds(
     IndexEntry, chunk_digests=st.lists(hex64, max_size=4), size=nat, prompt_index=ints,
     policy_version=ints, created_at=floats,
 )
-indexes = st.builds(RolloutIndex, sender=names, window=ints, entries=st.lists(index_entries, max_size=5))
+declared_entries = st.builds(  # version 4: each entry declares its group's tokenizer, text and G
+    IndexEntry, chunk_digests=st.lists(hex64, max_size=4), size=nat, prompt_index=ints,
+    policy_version=ints, created_at=floats, tokenizer_fingerprint=names, has_text=st.booleans(),
+    group_size=st.integers(0, 256),
+)
+indexes = st.one_of(
+    st.builds(RolloutIndex, sender=names, window=ints, entries=st.lists(declared_entries, max_size=5)),
+    st.builds(RolloutIndex, protocol_version=st.sampled_from([1, 2, 3]), sender=names, window=ints,
+              entries=st.lists(index_entries, max_size=5)),
+)
 receipts = st.builds(
     Receipt, sender=names, taken=ints, samples=ints, gradient=ints, filtered=ints, filtered_advantage=ints,
     filtered_kl=ints, dropped=st.lists(st.tuples(names, ints), max_size=8),

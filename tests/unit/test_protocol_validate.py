@@ -136,7 +136,7 @@ def status(**changes) -> NodeStatus:
     ("changes", "reason"),
     [
         ({}, None),
-        ({"protocol_version": 4}, v.BAD_VERSION),
+        ({"protocol_version": 5}, v.BAD_VERSION),
         ({"protocol_version": 1}, None),  # version 1 is still read
         ({"role": "admin"}, v.BAD_ROLE),
         ({"step": -3}, v.BAD_STEP),

@@ -46,9 +46,10 @@ def status(receipts=None, **changes) -> NodeStatus:
 
 
 def test_status_records_are_version_3_and_other_messages_stay_at_version_2() -> None:
-    assert PROTOCOL_VERSION == 3 and EXCHANGE_VERSION == 2
+    assert PROTOCOL_VERSION == 4 and EXCHANGE_VERSION == 2  # version 4 changed the index record only
     assert encode(status())[2] == 3
-    assert encode(RolloutIndex(sender="p", window=1, entries=()))[2] == 2  # version-2 nodes still read it
+    assert encode(RolloutIndex(sender="p", window=1, entries=()))[2] == 4  # its entries declare their groups
+    assert encode(RolloutIndex(protocol_version=2, sender="p", window=1, entries=()))[2] == 2  # still written and read
     st = status()
     assert decode(encode(st)) == st and decode(encode(st)).receipts[0].dropped == (("stale", 2), ("tokenizer_mismatch", 1))
 
