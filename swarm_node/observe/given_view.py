@@ -4,7 +4,11 @@ receipts in peers' status records (`given.py`), as a table or JSON.
 Reads the swarm's status records once (the light reader, as `status` does), keeps each
 receiver's receipt naming the peer and adds them up. The output says plainly what a receipt
 proves (the receiver's signed statement) and what it does not (a receiver can misstate its own
-use), and lists each receiver, so one receiver stating large numbers is visible.
+use, and identities are free, so totals and agreement are claims), and lists each receiver, so one
+receiver stating large numbers is visible. Given a node directory, it also reads that node's own
+ledger: each receiver's `took here` (groups this node took from it) and the totals of the
+receivers it took groups from (`seen`), the ones whose work it has itself checked. Every string a
+peer wrote is shown inert (`util.inert`).
 """
 
 from __future__ import annotations
@@ -20,14 +24,29 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from rich.text import Text
+
 from swarm_node.util.errors import InputError
-from swarm_node.peers.given import given_rows, given_totals
+from swarm_node.util.inert import inert
+from swarm_node.peers.given import given_rows, given_totals, seen_totals
 
 STATEMENT = ("Each row is that receiver's own statement, signed with its key: the DHT refuses a status record "
-             "written under another peer's key. It does not prove the receiver told the truth about itself (it "
-             "can state more or less than it used); counts from several receivers that agree are worth more "
-             "than one large count.")
+             "written under another peer's key, and readers refuse counts a node could not have reached in its "
+             "span. It does not prove the receiver told the truth about itself (it can state more or less than "
+             "it used), and identities are free: one party can run any number of receivers that state any "
+             "totals and agree with each other, so these totals are claims. Only receivers whose groups this "
+             "node has itself taken (took here > 0) have done work it checked; weigh the others as unknown.")
 _PEER_ID = re.compile(r"[1-9A-HJ-NP-Za-km-z]{32,128}")  # base58 libp2p peer ids
+
+
+def took_from_ledger(node_dir: Path) -> dict[str, int] | None:
+    """Groups the node in `node_dir` took from each peer (its own ledger), None without a readable one."""
+    from swarm_node.peers.ledger import FILE_NAME, load_rows
+
+    try:
+        return {r["peer_id"]: int(r["taken"]) for r in load_rows(Path(node_dir) / FILE_NAME)}
+    except (OSError, ValueError):  # no ledger yet, or one its node is writing: nothing seen here
+        return None
 
 
 def resolve_peer(target: str) -> tuple[str, str]:
@@ -48,12 +67,18 @@ def resolve_peer(target: str) -> tuple[str, str]:
                      "pass a node directory on this machine (its identity.key) or a peer id (12D3Koo... / Qm...)")
 
 
-def given_report(statuses: Sequence[Any], peer_id: str, source: str = "") -> dict[str, Any]:
+def given_report(statuses: Sequence[Any], peer_id: str, source: str = "",
+                 took_from: dict[str, int] | None = None) -> dict[str, Any]:
     """The JSON document of `status --given`: the peer, each receiver's receipt, their totals and
-    what a receipt proves. `records_read`: the valid status records the read found."""
+    what a receipt proves. `records_read`: the valid status records the read found. With
+    `took_from` (the peer's own ledger: groups it took per peer), each row's `took_here` and the
+    totals of the receivers it took groups from (`seen`); without, both are None."""
     rows = given_rows(statuses, peer_id)
+    for r in rows:
+        r["took_here"] = None if took_from is None else took_from.get(r["receiver"], 0)
     return {"peer_id": peer_id, "source": source, "records_read": len(statuses), "receivers": rows,
-            "totals": given_totals(rows), "statement": STATEMENT}
+            "totals": given_totals(rows), "seen": None if took_from is None else seen_totals(rows, took_from),
+            "statement": STATEMENT}
 
 
 def _short(peer: str) -> str:
@@ -70,29 +95,40 @@ def render_given(report: dict[str, Any]) -> Table:
     span = (f"{t['span_s_min']:.0f} s" if t["span_s_min"] == t["span_s_max"]
             else f"{t['span_s_min']:.0f}-{t['span_s_max']:.0f} s")
     title = (f"what {_short(report['peer_id'])} gave ({report['source'] or 'peer id'}): {t['receivers']} receivers "
-             f"hold a receipt for its groups, {t['takers']} took some, over the last {span} (each receiver's span)")
-    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+             f"say they hold a receipt for its groups, {t['takers']} say they took some, over the last {span} "
+             "(each receiver's span)")
+    table = Table(title=Text(inert(title)), title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1, 0, 0))
-    for col in ("receiver", "model", "span", "taken", "samples", "gradient", "filtered (adv/kl)", "dropped (top)"):
+    seen = report.get("seen")
+    cols = ["receiver", "model", "span", *(["took here"] if seen is not None else []), "taken", "samples", "gradient",
+            "filtered (adv/kl)", "dropped (top)"]
+    for col in cols:
         table.add_column(col, justify="left" if col in ("receiver", "model", "dropped (top)") else "right", no_wrap=True)
 
-    def cells(name: str, model: str, span_s: str, r: dict[str, Any]) -> list[str]:
+    def cells(name: str, model: str, span_s: str, took: str, r: dict[str, Any]) -> list[Text]:
         top = _top_reason(r["dropped_by_reason"])
-        return [name, model, span_s, str(r["taken"]), str(r["samples"]), str(r["gradient"]),
-                f"{r['filtered']} ({r['filtered_advantage']}/{r['filtered_kl']})",
-                f"{r['dropped']} ({top})" if top else str(r["dropped"])]
+        out = [name, model, span_s, *([took] if seen is not None else []), str(r["taken"]), str(r["samples"]),
+               str(r["gradient"]), f"{r['filtered']} ({r['filtered_advantage']}/{r['filtered_kl']})",
+               f"{r['dropped']} ({top})" if top else str(r["dropped"])]
+        return [Text(inert(c)) for c in out]  # peers wrote the names: inert, and never read as markup
 
     for r in report["receivers"]:
-        table.add_row(*cells(_short(r["receiver"]), str(r["model_id"]).rsplit("/", 1)[-1][:20], f"{r['span_s']:.0f}s", r))
+        table.add_row(*cells(_short(r["receiver"]), inert(r["model_id"]).rsplit("/", 1)[-1][:20],
+                             f"{r['span_s']:.0f}s", str(r.get("took_here")), r))
     if report["receivers"]:
-        table.add_row(*cells("total", "", "", t), style="bold")
+        table.add_row(*cells("total", "", "", "", t), style="bold")
+        if seen is not None:
+            table.add_row(*cells("seen here", "", "", "", seen), style="bold")
     lines = []
     if t["top_receiver"]:
         lines.append(f"{_short(t['top_receiver'])} states {t['top_share']:.0%} of the samples with gradient.")
+    if seen is not None and report["receivers"]:
+        lines.append(f"This node took groups from {seen['receivers']} of these {t['receivers']} receivers (seen here): "
+                     f"they state {seen['gradient']} of the {t['gradient']} samples with gradient.")
     if not report["receivers"]:
         lines.append(f"No receipt names this peer in the {report['records_read']} status records read "
                      "(no peer judged its groups within its span, or it is outside their receipts' bound).")
-    table.caption = "\n".join([*lines, report["statement"]])
+    table.caption = Text("\n".join(inert(line) for line in [*lines, report["statement"]]))
     table.caption_justify = "left"
     return table
 
@@ -103,9 +139,10 @@ def run_given_status(initial_peers: Sequence[str], swarm_id: str, target: str, *
     from swarm_node.observe.observer import connect_light_observer
 
     peer_id, source = resolve_peer(target)
+    took_from = took_from_ledger(Path(target)) if Path(target).is_dir() else None
     transport, exchange = connect_light_observer(initial_peers, swarm_id, timeout)
     try:
-        report = given_report(exchange.read_statuses(timeout=timeout), peer_id, source)
+        report = given_report(exchange.read_statuses(timeout=timeout), peer_id, source, took_from)
     finally:
         transport.shutdown()
     if as_json:

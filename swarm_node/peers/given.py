@@ -8,9 +8,13 @@ how much of the gradient the loudest receiver claims (`top_share`), so one recei
 large numbers stands out; `given_metrics` turns the totals into a node's `given_*` metrics.
 
 What this proves: each row is a receiver's statement, signed with its key (the DHT refuses a
-status record written under another peer's subkey). What it does not: a receiver can state
-anything about itself: larger or smaller numbers than it used. Counts from many distinct receivers
-that agree are worth more than one large count. Pure functions over records; `given_view.py` prints them.
+status record written under another peer's subkey), within the rules of `protocol.receipt_rules`
+(counts tied to each other and to the span, drop reasons from the protocol's list). What it does
+not: a receiver can state anything within them about itself, and identities are free: one party
+can run many receivers that agree, so neither totals nor agreement are evidence on their own.
+What this node has itself seen of a receiver is: `seen_totals` adds up only the receivers whose
+groups this node took (they did work that passed its checks), the weight a reader can give a
+receiver from its own ledger. Pure functions over records; `given_view.py` prints them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from protocol.receipt_rules import known_reason
 from swarm_node import metric_names as m
 
 COUNTS = ("taken", "samples", "gradient", "filtered", "filtered_advantage", "filtered_kl")
@@ -38,11 +43,13 @@ def given_rows(statuses: Iterable[Any], peer_id: str) -> list[dict[str, Any]]:
         receipt = next((r for r in getattr(st, "receipts", ()) if r.sender == peer_id), None)
         if receipt is None:
             continue
-        dropped = dict(receipt.dropped)
+        dropped: Counter[str] = Counter()
+        for reason, n in receipt.dropped:  # a name outside the protocol's list says nothing: `other`
+            dropped[known_reason(reason)] += n
         rows.append({"receiver": receiver, "model_id": st.model_id, "step": st.step, "timestamp": st.timestamp,
                      "tokenizer_fingerprint": getattr(st, "tokenizer_fingerprint", ""),
                      "span_s": st.receipts_span_s, **{k: getattr(receipt, k) for k in COUNTS},
-                     "dropped": sum(dropped.values()), "dropped_by_reason": dropped})
+                     "dropped": sum(dropped.values()), "dropped_by_reason": dict(dropped)})
     return sorted(rows, key=lambda r: (-r["gradient"], -r["taken"], -r["dropped"], r["receiver"]))
 
 
@@ -64,6 +71,13 @@ def given_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "span_s_max": max((r["span_s"] for r in rows), default=0.0),
             "top_receiver": top["receiver"] if top is not None and gradient else None,
             "top_share": top["gradient"] / gradient if top is not None and gradient else 0.0}
+
+
+def seen_totals(rows: Iterable[Mapping[str, Any]], took_from: Mapping[str, int]) -> dict[str, Any]:
+    """`given_totals` over the receivers whose groups this node took (`took_from`: groups this node
+    took per peer, from its own ledger): weight 1 for a receiver this node has seen do checked work,
+    0 for an identity it knows only from its record."""
+    return given_totals(r for r in rows if took_from.get(r["receiver"], 0) > 0)
 
 
 def given_metrics(totals: Mapping[str, Any], age_s: float) -> dict[str, float]:

@@ -17,31 +17,26 @@ records into it under its lock: the book has none of its own.
 
 `receipts` keeps the senders that gave the most (groups taken, then samples, then groups judged)
 up to the record's bound, and per receipt the MAX_RECEIPT_REASONS - 1 commonest drop reasons, the
-rest summed under `other`.
+rest summed under `other` (so is a reason outside the protocol's list, `receipt_rules.DROP_REASONS`);
+each receipt is cut down to what `receipt_rules` allows over the record's span (`fit_claims`), so a
+sender cannot make this node write a record its readers drop.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from protocol.messages import (
-    MAX_RECEIPT_REASON_LEN,
-    MAX_RECEIPT_REASONS,
-    MAX_RECEIPTS,
-    OTHER_REASON,
-    Receipt,
-)
+from protocol.messages import MAX_RECEIPT_REASONS, MAX_RECEIPTS, OTHER_REASON, Receipt
+from protocol.receipt_rules import fit_claims, known_reason
 from swarm_node.policy.types import SampleStat
 
 BUCKETS = 12
 MAX_SENDERS_PER_BUCKET = 1024
 DEFAULT_SPAN_S = 3600.0
-_REASON = re.compile(f"[a-z0-9_]{{1,{MAX_RECEIPT_REASON_LEN}}}")
 
 
 @dataclass
@@ -73,12 +68,12 @@ class Counts:
 
 def bounded_reasons(dropped: Counter[str]) -> tuple[tuple[str, int], ...]:
     """At most MAX_RECEIPT_REASONS (reason, count) pairs, commonest first: the first
-    MAX_RECEIPT_REASONS - 1, then the rest summed under `other` (so is a reason that is not a short
-    identifier, which a receipt cannot name)."""
+    MAX_RECEIPT_REASONS - 1, then the rest summed under `other` (so is a reason outside the
+    protocol's list, which a receipt cannot name: `receipt_rules.DROP_REASONS`)."""
     named: Counter[str] = Counter()
     for reason, n in dropped.items():
         if n > 0:
-            named[reason if _REASON.fullmatch(reason) and reason != OTHER_REASON else OTHER_REASON] += n
+            named[known_reason(reason)] += n
     ranked = sorted(((k, n) for k, n in named.items() if k != OTHER_REASON), key=lambda kn: (-kn[1], kn[0]))
     rest = named[OTHER_REASON]
     if len(ranked) + (rest > 0) > MAX_RECEIPT_REASONS:
@@ -159,5 +154,6 @@ class ReceiptBook:
         totals = self.totals()
         ranked = sorted(totals.items(), key=lambda kv: (-kv[1].taken, -kv[1].samples,
                                                         -(kv[1].taken + sum(kv[1].dropped.values())), kv[0]))
-        kept = tuple(c.receipt(s) for s, c in ranked[: max(0, min(max_senders, MAX_RECEIPTS))])
-        return (max(0.001, round(self.covered_s(), 3)) if kept else 0.0), kept  # a stated span is never 0
+        span = max(0.001, round(self.covered_s(), 3))  # a stated span is never 0
+        kept = tuple(fit_claims(c.receipt(s), span) for s, c in ranked[: max(0, min(max_senders, MAX_RECEIPTS))])
+        return (span if kept else 0.0), kept

@@ -1,13 +1,15 @@
 """Status records: each node's `NodeStatus` under the swarm's status key, read and checked.
 
-A record that does not decode, is not a `NodeStatus`, is signed by another peer than it names, or
-breaks `protocol.validate` limits is dropped and counted as `status_<reason>`.
+A record that does not decode, is not a `NodeStatus`, is signed by another peer than it names,
+breaks `protocol.validate` limits, or whose receipts claim more than a node could have done
+(`protocol.receipt_rules.claim_reasons`) is dropped and counted as `status_<reason>`.
 """
 
 from __future__ import annotations
 
 from protocol import codec, keys
 from protocol.messages import SUPPORTED_VERSIONS, NodeStatus, ProtocolError
+from protocol.receipt_rules import claim_reasons
 from protocol.validate import ValidationLimits, validate_status
 from swarm_node.swarm.transport import DropCounter, Transport
 
@@ -40,7 +42,7 @@ def read_statuses(transport: Transport, swarm_id: str, limits: ValidationLimits,
         elif status.peer_id != owner:
             reason = SENDER_MISMATCH
         else:
-            reasons = validate_status(status, limits)
+            reasons = validate_status(status, limits) or claim_reasons(status)
             reason = reasons[0] if reasons else None
         if reason is None:
             out.append(status)
