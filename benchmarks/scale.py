@@ -19,6 +19,10 @@ A simulation of hivemind's DHT as the node uses it (no p2pd, no sockets), run ro
   `RolloutExchange.fetch_groups` does: the index keys of the last `staleness + 1` windows (old
   layout) or the read plan of `swarm_node.swarm.index.ShardedIndex` (the node's own code, with
   its level and estimate), then `--max-groups` chunks, at most `--max-per-peer` per peer.
+* Status records (reported apart, `status_*`, and in `total_*`): each peer stores its status
+  record every `--status-every` rounds (the node's metrics.status_every_steps) under the one
+  status key, and reads the whole key every `--status-read-every` rounds. A store's traversal
+  reaches the key's replicas, and each answers with every record it holds (up to the storage cap).
 * Sizes are measured from the real encoders: a RolloutIndex record, a signed owned subkey in a
   hivemind DictionaryDHTValue, neighbour entries; each RPC adds a fixed framing overhead.
 
@@ -40,159 +44,15 @@ import random
 import statistics
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 import numpy as np
-from hivemind.dht.routing import DHTID
 
 from benchmarks.common import emit, parse_args
-from protocol import codec, keys
-from protocol.messages import IndexEntry, RolloutIndex
+from benchmarks.scale_dht import BUCKET, SWARM, Dht, Sizes, Traffic
+from protocol import keys
 from swarm_node.swarm.index import ShardedIndex
-from swarm_node.swarm.synthetic import synthetic_group
 
-SWARM = "scale"
-BUCKET = 20
-WORKERS = 4
-RPC_OVERHEAD = 160  # bytes per request/response pair: libp2p stream setup and framing, protobuf headers
-
-
-@dataclass
-class Sizes:
-    """Byte sizes measured from the real encoders."""
-
-    chunk: int  # one encoded group (one chunk)
-    record_lengths: list[int]  # encoded RolloutIndex with 0, 1, 2, ... entries
-    subkey_overhead: int  # signed owned subkey, signature and expiration around a record in a dict value
-    neighbour: int  # one (node id, peer id) pair in a find result
-    per_key: int  # key id and result framing per key in a request/response
-
-    @classmethod
-    def measure(cls, max_entries: int = 64, tokens: int = 256) -> Sizes:
-        """Sizes of the real encoders' output; `tokens`: completion length of the synthetic group."""
-        from hivemind.dht.crypto import RSASignatureValidator
-        from hivemind.dht.protocol import DHTProtocol
-        from hivemind.dht.storage import DictionaryDHTValue
-        from hivemind.dht.validation import DHTRecord
-        from hivemind.utils import get_dht_time
-        from hivemind.utils.crypto import RSAPrivateKey
-
-        rng = np.random.default_rng(0)
-        group = synthetic_group(rng, swarm_id=SWARM, sender="x" * 52, created_at=3e6, prompt_index=1,
-                                policy_version=1, group_size=8, tokens=tokens)
-        chunk = len(codec.encode(group))
-        entries = tuple(IndexEntry(chunk_digests=(hashlib.sha256(bytes([i])).hexdigest(),), size=chunk + i,
-                                   prompt_index=12345 + i, policy_version=100, created_at=3e6 + i * 0.123456)
-                        for i in range(max_entries + 1))
-        lengths = [len(codec.encode(RolloutIndex(sender="Qm" + "x" * 44, window=100_000, entries=entries[:n])))
-                   for n in range(max_entries + 1)]
-        ser = DHTProtocol.serializer
-        signers = [RSASignatureValidator(RSAPrivateKey()) for _ in range(2)]
-        record = codec.encode(RolloutIndex(sender="Qm" + "x" * 44, window=100_000, entries=entries[:1]))
-
-        expiration = get_dht_time() + 300
-
-        def dict_value(n_subkeys: int) -> int:
-            value = DictionaryDHTValue()
-            for v in signers[:n_subkeys]:
-                rec = DHTRecord(key=b"k" * 20, subkey=ser.dumps(v.local_public_key), value=ser.dumps(record),
-                                expiration_time=expiration)
-                value.store(rec.subkey, v.sign_value(rec), expiration)
-            return len(ser.dumps(value))
-
-        return cls(chunk=chunk, record_lengths=lengths, subkey_overhead=dict_value(2) - dict_value(1) - len(record),
-                   neighbour=20 + 34 + 4, per_key=20 + 16)
-
-    def record(self, entries: int) -> int:
-        """Bytes of one peer's record with `entries` entries inside a dictionary value."""
-        lengths = self.record_lengths
-        if entries < len(lengths):
-            return self.subkey_overhead + lengths[entries]
-        return self.subkey_overhead + lengths[-1] + (entries - len(lengths) + 1) * (lengths[-1] - lengths[-2])
-
-
-class Dht:
-    """Replica placement, routing tables and lookups; counts every request in `Traffic`."""
-
-    def __init__(self, n: int, rng: np.random.Generator, replicas: int) -> None:
-        self.n, self.replicas = n, replicas
-        self.ids = rng.integers(0, 2**63, size=n, dtype=np.uint64) * np.uint64(2) + rng.integers(
-            0, 2, size=n, dtype=np.uint64)
-        self.tables = [self._table(i, rng) for i in range(n)]
-        self._key_ids: dict[str, np.uint64] = {}
-        self._holders: dict[np.uint64, frozenset[int]] = {}
-        self._nearest: dict[tuple[int, np.uint64], np.ndarray] = {}
-
-    def _table(self, i: int, rng: np.random.Generator) -> np.ndarray:
-        others = np.delete(np.arange(self.n), i)
-        dist = self.ids[others] ^ self.ids[i]
-        bucket = 63 - np.floor(np.log2(dist.astype(np.float64))).astype(int)  # common prefix length
-        kept = []
-        for b in np.unique(bucket):
-            members = others[bucket == b]
-            kept.extend(rng.choice(members, size=min(BUCKET, len(members)), replace=False))
-        return np.array(kept, dtype=np.int64)
-
-    def key_id(self, key: str) -> np.uint64:
-        kid = self._key_ids.get(key)
-        if kid is None:
-            kid = self._key_ids[key] = np.uint64(DHTID.generate(source=key) >> 96)
-        return kid
-
-    def holders(self, kid: np.uint64) -> frozenset[int]:
-        """The nodes that store a key: its `replicas` nearest nodes."""
-        h = self._holders.get(kid)
-        if h is None:
-            h = self._holders[kid] = frozenset(np.argsort(self.ids ^ kid)[: self.replicas].tolist())
-        return h
-
-    def nearest(self, node: int, kid: np.uint64, cache: bool) -> np.ndarray:
-        """The `BUCKET` nodes of `node`'s routing table nearest to `kid` (what it answers a find with)."""
-        near = self._nearest.get((node, kid)) if cache else None
-        if near is None:
-            table = self.tables[node]
-            near = table[np.argsort(self.ids[table] ^ kid)[:BUCKET]]
-            if cache:
-                self._nearest[(node, kid)] = near
-        return near
-
-    def lookup(self, src: int, kid: np.uint64, stop_when_found: bool, cache: bool) -> list[tuple[int, int]]:
-        """(node, neighbours it answered with) for each node a traversal from `src` visits, in order
-        (hivemind's traverse_dht, in waves)."""
-        holders = self.holders(kid)
-        dist = {int(j): int(self.ids[j] ^ kid) for j in self.nearest(src, kid, cache)}
-        visited, order = {src}, []
-        while True:
-            beam = sorted(dist.values())[:BUCKET]
-            bound = beam[-1] if len(beam) >= BUCKET else None
-            wave = [j for j in sorted(dist, key=dist.get) if j not in visited
-                    and (bound is None or dist[j] <= bound)][:WORKERS]
-            if not wave:
-                return order
-            for j in wave:
-                visited.add(j)
-                near = self.nearest(j, kid, cache)
-                order.append((j, len(near)))
-                for m in near:
-                    m = int(m)
-                    if m != src and m not in dist:
-                        dist[m] = int(self.ids[m] ^ kid)
-            if stop_when_found and any(j in holders for j in wave):
-                return order
-
-
-class Traffic:
-    def __init__(self, n: int) -> None:
-        self.client = np.zeros(n)  # bytes a node sends and receives for its own calls
-        self.served = np.zeros(n)  # bytes a node receives and sends answering others
-        self.requests = np.zeros(n)  # requests a node answers
-        self.payload_in = np.zeros(n)  # values handed to the node (as the transport counts them)
-
-    def rpc(self, src: int, dst: int, up: int, down: int) -> None:
-        total = up + down + RPC_OVERHEAD
-        self.client[src] += total
-        self.served[dst] += total
-        self.requests[dst] += 1
+__all__ = ["BUCKET", "Dht", "Model", "Sizes", "Traffic"]
 
 
 class Model:
@@ -208,6 +68,7 @@ class Model:
         self.store: dict[str, dict[int, int]] = defaultdict(dict)  # index key -> owner -> entries listed
         self.entries: dict[tuple[int, int], int] = defaultdict(int)  # (owner, window) -> groups published
         self.taken: list[set] = [set() for _ in range(n)]
+        self.status_stored: set[int] = set()  # peers whose status record the status key holds
 
     def _value_bytes(self, key: str) -> int:
         return sum(self.sizes.record(e) for e in self.store.get(key, {}).values())
@@ -278,6 +139,28 @@ class Model:
             t.payload_in[p] += self.sizes.chunk
         return len(chosen)
 
+    def status_held(self) -> int:
+        """Bytes of the status key's dictionary value: every stored record, up to the replicas'
+        storage cap (`--status-cap-records` records, `--status-cap-bytes` bytes)."""
+        size = self.sizes.status
+        cap = min(self.args.status_cap_records, self.args.status_cap_bytes // max(1, size))
+        return min(len(self.status_stored), cap) * size
+
+    def status(self, t: Traffic, p: int, r: int) -> None:
+        """The node's status traffic in round `r`: it stores its record every `--status-every`
+        rounds (metrics.status_every_steps) and reads the whole status key every
+        `--status-read-every` rounds (the node: every record_ttl_s / 3). A store first traverses to
+        the key's replicas, and each replica it asks answers with every record it holds."""
+        key = keys.status_key(SWARM)
+        every, read_every = getattr(self.args, "status_every", 0), getattr(self.args, "status_read_every", 0)
+        if every and (r + p) % every == 0:
+            self._store(t, p, key, self.sizes.status, self.status_held())
+            self.status_stored.add(p)
+        if read_every and (r + p) % read_every == 0:
+            held = self.status_held()
+            self._find(t, p, key, False, held)
+            t.payload_in[p] += held
+
     def run(self, rounds: int, warmup: int) -> dict:
         """`warmup + rounds` rounds. A round is one step of every active peer (the first
         `args.active`, default all); the others step once per window (its first round). A step
@@ -288,20 +171,28 @@ class Model:
         active = getattr(self.args, "active", None) or self.n
         slots = getattr(self.args, "slots_per_window", None) or rpw
         for r in range(warmup + rounds):
-            t = Traffic(self.n)
+            t, ts = Traffic(self.n), Traffic(self.n)
             window, k = divmod(r, rpw)
             stepping = [p for p in range(self.n) if p < active or k == 0]
             for p in stepping:
                 if k < slots:
                     self.publish(t, p, window)
             gathered = [self.gather(t, p, window) for p in stepping]
+            for p in stepping:
+                self.status(ts, p, r)
             if r >= warmup:
-                rows.append((t, statistics.fmean(gathered)))
+                rows.append((t, statistics.fmean(gathered), ts))
         return self._summary(rows, active)
 
     def _summary(self, rows: list, active: int) -> dict:
         def mean(f) -> float:
-            return statistics.fmean(f(t) for t, _ in rows)
+            return statistics.fmean(f(t) for t, _, _ in rows)
+
+        def status_mean(f) -> float:
+            return statistics.fmean(f(ts) for _, _, ts in rows)
+
+        def total(t: Traffic, ts: Traffic, part: slice = slice(None)) -> float:
+            return float((t.client + t.served + ts.client + ts.served)[part].mean())
 
         levels = [ix.level for ix in self.index]
         return {
@@ -313,7 +204,14 @@ class Model:
             "hottest_node_bytes_served_round": round(mean(lambda t: t.served.max())),
             "hottest_node_requests_round": round(mean(lambda t: t.requests.max())),
             "mean_node_requests_round": round(mean(lambda t: t.requests.mean()), 1),
-            "groups_gathered_mean": round(statistics.fmean(g for _, g in rows), 2),
+            "groups_gathered_mean": round(statistics.fmean(g for _, g, _ in rows), 2),
+            # status records (not the exchange's index): stores and reads of the one status key
+            "status_bytes_per_node_round": round(status_mean(lambda ts: (ts.client + ts.served).mean())),
+            "status_hottest_node_bytes_served_round": round(status_mean(lambda ts: ts.served.max())),
+            "status_records_held": len(self.status_stored) and self.status_held() // max(1, self.sizes.status),
+            "total_bytes_per_node_round": round(statistics.fmean(total(t, ts) for t, _, ts in rows)),
+            "active_total_bytes_per_node_round": round(statistics.fmean(total(t, ts, slice(0, active))
+                                                                        for t, _, ts in rows)),
             "index_levels": None if self.layout == "old" else {str(lv): levels.count(lv) for lv in sorted(set(levels))},
         }
 
@@ -333,6 +231,13 @@ def main() -> None:
                         help="peers that step every round (default all); the rest step once per window")
     parser.add_argument("--slots-per-window", type=int, default=None,
                         help="rounds of a window whose step publishes (swarm.slots_per_window; default every round)")
+    parser.add_argument("--status-every", type=int, default=1,
+                        help="rounds between a peer's status stores (metrics.status_every_steps; 0: none)")
+    parser.add_argument("--status-read-every", type=int, default=0,
+                        help="rounds between a peer's reads of the status key (a node: record_ttl_s / 3; 0: none)")
+    parser.add_argument("--status-receipts", type=int, default=32, help="receipts in a status record")
+    parser.add_argument("--status-cap-records", type=int, default=256, help="swarm.max_subkeys_per_key")
+    parser.add_argument("--status-cap-bytes", type=int, default=256 << 10, help="swarm.max_bytes_per_key")
     parser.add_argument("--replicas", type=int, default=5)
     parser.add_argument("--peers-per-shard", type=int, default=16)
     parser.add_argument("--shards-per-read", type=int, default=2)
@@ -341,7 +246,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parse_args(parser, {"sizes": [8, 64], "rounds": 1, "warmup": 1})
 
-    sizes = Sizes.measure()
+    sizes = Sizes.measure(receipts=args.status_receipts)
     print("sizes", vars(sizes), flush=True)
     results = []
     for n in args.sizes:

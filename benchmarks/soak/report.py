@@ -196,7 +196,9 @@ def heldout_trend(run_dir: Path, name: str) -> list[dict[str, Any]]:
 def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: int) -> dict[str, Any]:
     """benchmarks.scale's model of this swarm (sharded index): `active` peers step `steps_per_window`
     times a window and publish in the first 16 of them (swarm.slots_per_window), the light peers once
-    a window; groups of G=8 completions of `tokens` tokens. One measured window after two to settle."""
+    a window; groups of G=8 completions of `tokens` tokens; a status record stored at every step
+    (metrics.status_every_steps = 1) and the status key read every 100 s (record_ttl_s / 3), every
+    record with 32 receipts. One measured window after two to settle."""
     import argparse
 
     from benchmarks.scale import Model, Sizes
@@ -204,11 +206,15 @@ def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: i
     rpw = max(1, round(steps_per_window))
     args = argparse.Namespace(groups=PROMPTS_PER_STEP, max_groups=MAX_PEER_GROUPS, max_per_peer=MAX_GROUPS_PER_PEER,
                               staleness=STALENESS, replicas=5, peers_per_shard=16, shards_per_read=1,
-                              rounds_per_window=rpw, active=active, slots_per_window=16)
+                              rounds_per_window=rpw, active=active, slots_per_window=16,
+                              status_every=1, status_read_every=max(1, round(100 / WINDOW_S * rpw)),
+                              status_cap_records=256, status_cap_bytes=256 << 10)
     res = Model(peers, "sharded", args, Sizes.measure(tokens=max(1, tokens)), 0).run(rounds=rpw, warmup=2 * rpw)
     return {"peers": peers, "active": active, "rounds_per_window": rpw, "tokens": tokens,
-            "bytes_per_node_round": res["active_bytes_per_node_round"],
-            "bytes_per_node_round_all_peers": res["bytes_per_node_round"],
+            "bytes_per_node_round": res["active_total_bytes_per_node_round"],
+            "exchange_bytes_per_node_round": res["active_bytes_per_node_round"],
+            "status_bytes_per_node_round": res["status_bytes_per_node_round"],
+            "bytes_per_node_round_all_peers": res["total_bytes_per_node_round"],
             "payload_bytes_in_per_node_round": res["payload_bytes_in_per_node_round"]}
 
 

@@ -41,3 +41,29 @@ def test_sharding_bounds_the_hottest_node_where_one_key_per_window_does_not(size
     assert set(sharded["index_levels"]) <= {"3", "4"}  # 96 peers, 8 per shard: 12 shards' worth
     assert sharded["payload_bytes_in_per_node_round"] < 0.5 * old["payload_bytes_in_per_node_round"]
     assert sharded["hottest_node_bytes_served_round"] < 0.5 * old["hottest_node_bytes_served_round"]
+
+
+def test_status_records_cost_a_store_the_whole_key_and_fill_the_cap(sizes: Sizes) -> None:
+    """A status store's traversal hears from the key's replicas, each answering with every record it
+    holds: the bytes of a store grow with the records held until the storage cap, and the replicas
+    serve every node's stores (the hottest node grows with the swarm); storing every 4th round
+    costs about a quarter of storing every round."""
+    assert 1500 < sizes.status < 8000  # 32 receipts of distinct senders, 110 metrics, signed subkey
+
+    def run(n: int, every: int, cap_bytes: int = 256 << 10) -> dict:
+        args = argparse.Namespace(groups=1, max_groups=1, max_per_peer=1, staleness=1, replicas=5, peers_per_shard=8,
+                                  shards_per_read=1, rounds_per_window=1, status_every=every, status_read_every=0,
+                                  status_cap_records=256, status_cap_bytes=cap_bytes)
+        return Model(n, "sharded", args, sizes, seed=2).run(rounds=4, warmup=4)
+
+    small, big = run(16, 1), run(48, 1)
+    assert small["status_records_held"] == 16 and big["status_records_held"] == 48
+    assert big["status_bytes_per_node_round"] > 2 * small["status_bytes_per_node_round"]
+    assert big["status_hottest_node_bytes_served_round"] > 2.5 * small["status_hottest_node_bytes_served_round"]
+    capped = run(48, 1, cap_bytes=16 * sizes.status)
+    assert capped["status_records_held"] == 16  # a key over its cap holds what fits: status shows a part
+    assert capped["status_bytes_per_node_round"] < 0.6 * big["status_bytes_per_node_round"]
+    quarter = run(48, 4)["status_bytes_per_node_round"] / big["status_bytes_per_node_round"]
+    assert 0.15 < quarter < 0.4, quarter
+    assert big["total_bytes_per_node_round"] == pytest.approx(
+        big["bytes_per_node_round"] + big["status_bytes_per_node_round"], abs=2)
