@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -146,7 +147,9 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    admission=build_admission(cfg, prompt_set, ledger.reputation), ledger=ledger)
         peer_id = transport.peer_id
         dht_time = transport.dht_time
-        sinks.append(_status_sink(exchange, transport, cfg, policy, ledger))
+        status_sink = StatusSink(exchange, transport, cfg, policy, ledger)
+        sinks.append(status_sink)
+        close_hooks.append(status_sink.flush)  # runs before the transport's shutdown (hooks run in reverse)
         if cfg.metrics.prometheus_addr:
             sinks.append(lambda _metrics: exporter.update_peers(ledger.rows(), cfg.metrics.prometheus_top_peers))
 
@@ -261,20 +264,49 @@ def prompt_assignment(cfg: NodeConfig, prompt_set: Any) -> Any:
                             window_seconds=s.window_seconds, slots_per_window=s.slots_per_window)
 
 
-def _status_sink(exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, ledger: Any):
-    from protocol.messages import NodeStatus
+class StatusSink:
+    """Publishes the node's status record from a step's metrics: at most every
+    `metrics.status_every_steps` steps and `metrics.status_min_interval_s` seconds (a failed store
+    is tried again at the next step). `flush` (a close hook) publishes the last step's metrics when
+    they were held back, so the record a stopped node leaves says what it did to the end."""
 
-    def publish(metrics: dict[str, float]) -> None:
+    def __init__(self, exchange: Any, transport: Any, cfg: NodeConfig, policy: Any, ledger: Any,
+                 clock: Any = time.monotonic) -> None:
+        self.exchange, self.transport, self.cfg, self.policy, self.ledger = exchange, transport, cfg, policy, ledger
+        self.clock = clock
+        self.last = -math.inf  # clock time of the last record published
+        self.pending: dict[str, float] | None = None  # the newest metrics not published
+
+    def __call__(self, metrics: dict[str, float]) -> None:
+        m = self.cfg.metrics
         step = int(metrics.get("step", 0))
-        if step % cfg.metrics.status_every_steps:
+        if step % m.status_every_steps or self.clock() - self.last < m.status_min_interval_s:
+            self.pending = metrics
             return
-        span, receipts = ledger.receipts(cfg.metrics.receipts_max_senders)  # what it did with each sender's groups
-        exchange.publish_status(NodeStatus(
-            peer_id=transport.peer_id, role="trainer", model_id=policy.model_id, step=step,
-            timestamp=transport.dht_time(), maddrs=tuple(usable_maddrs(transport)), metrics=status_metrics(metrics),
-            tokenizer_fingerprint=policy.fingerprint, receipts_span_s=span, receipts=receipts))
+        self.publish(metrics)
 
-    return publish
+    def flush(self) -> None:
+        if self.pending is None:
+            return
+        try:
+            self.publish(self.pending)
+        except Exception as e:  # the last record is best effort: shutting down goes on
+            log.warning("could not publish the last status record: %s", e)
+
+    def publish(self, metrics: dict[str, float]) -> bool:
+        from protocol.messages import NodeStatus
+
+        span, receipts = self.ledger.receipts(self.cfg.metrics.receipts_max_senders)  # each sender's groups
+        t = self.transport
+        ok = self.exchange.publish_status(NodeStatus(
+            peer_id=t.peer_id, role="trainer", model_id=self.policy.model_id, step=int(metrics.get("step", 0)),
+            timestamp=t.dht_time(), maddrs=tuple(usable_maddrs(t)), metrics=status_metrics(metrics),
+            tokenizer_fingerprint=self.policy.fingerprint, receipts_span_s=span, receipts=receipts))
+        if ok:
+            self.last, self.pending = self.clock(), None
+        else:
+            self.pending = metrics
+        return ok
 
 
 def usable_maddrs(transport: Any) -> list[str]:

@@ -35,7 +35,7 @@ def write_config(tmp: Path, name: str, model: Path, peers: list[str], seed: int)
         swarm={"swarm_id": SWARM, "initial_peers": peers, "host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
                "fetch_timeout_s": 3.0, "window_seconds": 10.0, "max_peer_fraction": 0.75,
                "max_peer_groups_per_step": 6, "max_groups_per_peer": 4},
-        metrics={"status_every_steps": 1, "ledger_every_steps": 1}, checkpoint={"every_steps": 100}))
+        metrics={"status_every_steps": 1, "status_min_interval_s": 0, "ledger_every_steps": 1}, checkpoint={"every_steps": 100}))
     return path
 
 

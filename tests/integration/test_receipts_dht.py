@@ -33,7 +33,8 @@ def node_config(tmp: Path, name: str, model: str, bootstrap: list[str]) -> NodeC
         f'swarm.swarm_id="{SWARM}"', 'swarm.host_maddrs=["/ip4/127.0.0.1/tcp/0"]',
         f"swarm.initial_peers={json.dumps(bootstrap)}", "swarm.max_peer_fraction=0.75",
         "swarm.max_peer_groups_per_step=6", "swarm.max_groups_per_peer=4", "swarm.fetch_timeout_s=5.0",
-        "checkpoint.every_steps=50", "task.levels=[1]", "task.size=50", "metrics.status_every_steps=1"])
+        "checkpoint.every_steps=50", "task.levels=[1]", "task.size=50", "metrics.status_every_steps=1",
+        "metrics.status_min_interval_s=0"])
 
 
 def status_given(bootstrap: str, target: str) -> dict:
