@@ -14,8 +14,10 @@ from typing import Any
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from swarm_node.util.errors import InputError, RuntimeFailure
+from swarm_node.util.inert import inert
 from swarm_node.peers.ledger import FILE_NAME, load_rows
 
 
@@ -69,7 +71,7 @@ def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "
     its receipt says it took of this node's groups (groups, and samples with gradient there),
     samples from another tokenizer (and their share with gradient), KL and IS weight (mean / p90),
     mean reward, reputation weight (or `excluded`), and when it was last seen."""
-    table = Table(title=title or f"peer ledger: {len(rows)} peers", title_justify="left", box=box.SIMPLE_HEAD,
+    table = Table(title=Text(inert(title or f"peer ledger: {len(rows)} peers")), title_justify="left", box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     for col in ("peer", "taken/offered", "dropped (top)", "tokenizer", "samples", "grad", "filt", "ours there (grad)",
                 "xtok (grad)", "kl mean/p90", "w mean/p90", "reward", "rep", "seen"):
@@ -78,15 +80,16 @@ def render_peer_table(rows: Sequence[dict[str, Any]], now: float, title: str = "
         reasons = r["dropped_by_reason"]
         top = max(reasons, key=lambda k: (reasons[k], k)) if reasons else None
         samples, rep = r["samples"], r["reputation"]
-        table.add_row(
+        cells = [
             r["peer_id"][:14] + ("…" if len(r["peer_id"]) > 14 else ""), f"{r['taken']}/{r['offered']}",
             f"{r['dropped']} ({top})" if top else str(r["dropped"]), tokenizer_cell(r), str(samples),
             _fmt(r["gradient_share"] if samples else None, ".2f"), _fmt(r["filtered_share"] if samples else None, ".2f"),
             given_cell(r), crosstok_cell(r),
             _pair(r["kl"], ".3g"), _pair(r["is_weight"], ".3f"),
             _fmt(r["reward"]["mean"] if r["reward"]["count"] else None, ".3f"),
-            "excluded" if rep["excluded"] else f"{rep['weight']:.2f}", f"{max(0.0, now - r['last_seen']):.0f}s ago",
-            style="red" if rep["excluded"] else None)
+            "excluded" if rep["excluded"] else f"{rep['weight']:.2f}", f"{max(0.0, now - r['last_seen']):.0f}s ago"]
+        # Peers named their tokenizers (and receivers their drop reasons): inert, never read as markup.
+        table.add_row(*(Text(inert(c)) for c in cells), style="red" if rep["excluded"] else None)
     return table
 
 

@@ -22,11 +22,13 @@ from rich.console import Console
 from rich.live import Live
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from swarm_node import metric_names as mn
 from swarm_node.config import SwarmConfig
 from swarm_node.observe.health import alone_warning
 from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
+from swarm_node.util.inert import inert
 
 
 def stop_on_signals() -> threading.Event:
@@ -167,15 +169,17 @@ def render_table(rows: Sequence[dict[str, Any]], now: float) -> Table:
         table.add_column(col, justify="left" if col in ("peer", "model", "tokenizer") else "right")
     warnings = []
     for r in rows:
-        table.add_row(r["peer_id"][:12] + "…", str(r["model_id"]).rsplit("/", 1)[-1][:24], tokenizer_cell(r),
-                      str(r["step"]), _fmt(r["reward"], ".3f"),
-                      _fmt(r["accuracy"], ".3f"), heldout_cell(r.get("heldout")), _fmt(r["peer_samples_used"], ".0f"),
-                      _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
-                      f"{now - r['timestamp']:.0f}s", style="yellow" if r.get("warning") else None)
+        cells = [r["peer_id"][:12] + "…", inert(r["model_id"]).rsplit("/", 1)[-1][:24], tokenizer_cell(r),
+                 str(r["step"]), _fmt(r["reward"], ".3f"),
+                 _fmt(r["accuracy"], ".3f"), heldout_cell(r.get("heldout")), _fmt(r["peer_samples_used"], ".0f"),
+                 _fmt(r["filtered"], ".0f"), _fmt(r["tokens_per_s"], ".1f"), _fmt(r.get("live_peers"), ".0f"),
+                 f"{now - r['timestamp']:.0f}s"]
+        # Peers wrote the ids and names: inert (util.inert), and cells as Text, never read as markup.
+        table.add_row(*(Text(inert(c)) for c in cells), style="yellow" if r.get("warning") else None)
         if r.get("warning"):
-            warnings.append(f"warning: {r['peer_id'][:12]}… {r['warning']}")
+            warnings.append(inert(f"warning: {r['peer_id'][:12]}… {r['warning']}"))
     if warnings:
-        table.caption = "\n".join(warnings)
+        table.caption = Text("\n".join(warnings))
     return table
 
 

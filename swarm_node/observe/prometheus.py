@@ -24,6 +24,7 @@ from swarm_node.metric_names import (
     TOTAL_DROPPED_PREFIX,
 )
 from swarm_node.observe.metrics import as_number
+from swarm_node.util.inert import inert
 
 # name (after the prefix; `ledger_`, apart from the step metrics) -> (value of a ledger row, help text);
 # counts are since the ledger began (it survives restarts), so these are gauges
@@ -49,7 +50,8 @@ TOKENIZER_HELP = "A peer's tokenizer (1): fingerprint label, and whether it is t
 
 def _tokenizer_labels(r: Mapping[str, Any]) -> tuple[str, str, str]:
     same = r.get("tokenizer_same")
-    return r["peer_id"], r.get("tokenizer_label", "-"), "unknown" if same is None else str(bool(same)).lower()
+    # a peer named its tokenizer: the label is inert (util.inert) for whoever prints the exposition
+    return inert(r["peer_id"]), inert(r.get("tokenizer_label", "-")), "unknown" if same is None else str(bool(same)).lower()
 
 
 class PrometheusExporter:

@@ -45,6 +45,7 @@ from swarm_node.observe.metrics import read_metrics_jsonl
 from swarm_node.util.jsonl import latest_run
 from swarm_node.util.atomic import atomic_write_text
 from swarm_node.util.errors import InputError
+from swarm_node.util.inert import inert
 from swarm_node.observe.given_run import gave_by_node, gave_text
 from swarm_node.evaluation.heldout import read_evals
 
@@ -173,15 +174,21 @@ def summary_table(rows: Sequence[NodeSummary], window: int) -> str:
             "filtered fraction (mean) | drops by reason |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        drops = ", ".join(f"{k}: {int(v)}" for k, v in r.drops.items()) or "none"
+        # reasons are metric keys of the logs (named by peers, in `given_dropped_*`): inert, no cell breaks
+        drops = ", ".join(f"{_cell(k)}: {int(v)}" for k, v in r.drops.items()) or "none"
         lines.append(
-            f"| {r.name} | {r.steps} | {heldout_cell(r.heldout_before, r.heldout_before_interval)} | "
+            f"| {_cell(r.name)} | {r.steps} | {heldout_cell(r.heldout_before, r.heldout_before_interval)} | "
             f"{heldout_cell(r.heldout_after, r.heldout_after_interval)} | {change_text(r.heldout_change)} | "
             f"{_fmt(r.reward_first_quarter)} | {_fmt(r.reward_last_quarter)} | {_fmt(r.mixed_groups_mean)} | "
             f"{_fmt(r.accuracy_last)} | {_fmt(r.own_samples, 0)} | {_fmt(r.peer_samples_used, 0)} | "
             f"{_fmt(r.peer_samples_gradient, 0)} | {gave_text(r.gave)} | {_fmt(r.filtered_fraction_mean)} | {drops} |"
         )
     return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """`text` inert (`util.inert`) and unable to end a markdown table cell."""
+    return inert(text).replace("|", "\\|")
 
 
 def heldout_cell(accuracy: float | None, interval: Sequence[float] | None) -> str:
@@ -327,7 +334,7 @@ def console_lines(rows: Sequence[NodeSummary]) -> list[str]:
             held = (f"held-out {heldout_cell(r.heldout_before, r.heldout_before_interval)} -> "
                     f"{heldout_cell(r.heldout_after, r.heldout_after_interval)} at step {r.heldout_after_step}: "
                     f"{change_text(r.heldout_change)}")
-        out.append(f"{r.name}: {held}; reward first quarter {_fmt(r.reward_first_quarter)} -> last quarter "
+        out.append(f"{inert(r.name)}: {held}; reward first quarter {_fmt(r.reward_first_quarter)} -> last quarter "
                    f"{_fmt(r.reward_last_quarter)}; mixed groups {_fmt(r.mixed_groups_mean)}; "
                    f"peer samples used {_fmt(r.peer_samples_used, 0)} (with gradient {_fmt(r.peer_samples_gradient, 0)})"
                    + (f"; its groups gave {gave_text(r.gave)}" if r.gave else ""))

@@ -21,9 +21,12 @@ from __future__ import annotations
 __all__ = ["inert"]
 
 
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escape(c: str) -> str:
     n = ord(c)
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+    return _SHORT.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}")
 
 
 def inert(value: object, max_chars: int | None = None) -> str:

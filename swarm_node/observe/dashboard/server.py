@@ -11,7 +11,10 @@
     GET /healthz       "ok"
 
 Stdlib only (ThreadingHTTPServer): the dashboard adds no server dependency. The status source is
-read in one background thread; HTTP handlers only copy the kept state under a lock.
+read in one background thread; HTTP handlers only copy the kept state under a lock. Every string a
+peer wrote (model ids, tokenizer fingerprints, metric keys; in the ledgers, tokenizers and what
+receivers named) is made inert (`util.inert`) before it is kept or served; the page sets text,
+never HTML.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from swarm_node import metric_names as m
 from swarm_node.observe.dashboard.sources import HeldoutSource, LedgerSource, StatusLike, StatusSource
 from swarm_node.observe.health import alone_warning
 from swarm_node.swarm.tokenizers import tokenizer_label, tokenizer_shares
+from swarm_node.util.inert import inert
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +75,7 @@ class SwarmHistory:
                 rec["present"] = pid in present
 
     def _ingest_one(self, st: StatusLike, now: float) -> None:
-        metrics = {str(k): _clean(v) for k, v in dict(st.metrics).items()}
+        metrics = {inert(k): _clean(v) for k, v in dict(st.metrics).items()}  # keys: the peer's words
         series = self._series.setdefault(st.peer_id, deque(maxlen=self._history))
         prev = series[-1] if series else None
         if prev is None or (prev["step"], prev["t"]) != (int(st.step), float(st.timestamp)):
@@ -81,13 +85,13 @@ class SwarmHistory:
         self._ingest_eval(st.peer_id, dict(st.metrics))
         self._latest[st.peer_id] = {
             "peer_id": st.peer_id,
-            "model_id": st.model_id,
+            "model_id": inert(st.model_id),
             "role": getattr(st, "role", "trainer"),
             "step": int(st.step),
             "timestamp": float(st.timestamp),
             "metrics": metrics,
-            "tokenizer_fingerprint": str(getattr(st, "tokenizer_fingerprint", "")),
-            "tokenizer": tokenizer_label(str(getattr(st, "tokenizer_fingerprint", ""))),
+            "tokenizer_fingerprint": inert(getattr(st, "tokenizer_fingerprint", "")),
+            "tokenizer": inert(tokenizer_label(str(getattr(st, "tokenizer_fingerprint", "")))),
             "warning": alone_warning(dict(st.metrics)),
             "last_seen": now,
             "present": True,
@@ -238,7 +242,18 @@ class DashboardServer:
 
     def api_ledger(self) -> dict[str, Any]:
         nodes = self.ledger_source.read() if self.ledger_source is not None else []
-        return {"nodes": nodes, "server_time": time.time()}
+        return {"nodes": inert_strings(nodes), "server_time": time.time()}
+
+
+def inert_strings(obj: Any) -> Any:
+    """`obj` (JSON-like) with every string in it, keys included, made inert (`util.inert`)."""
+    if isinstance(obj, str):
+        return inert(obj)
+    if isinstance(obj, dict):
+        return {inert(k) if isinstance(k, str) else k: inert_strings(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [inert_strings(v) for v in obj]
+    return obj
 
 
 def _make_handler(dash: DashboardServer) -> type[BaseHTTPRequestHandler]:

@@ -19,6 +19,7 @@ import typer
 from swarm_node.util import lifecycle
 from swarm_node.config import NodeConfig
 from swarm_node.util.errors import ConfigError, describe, one_line
+from swarm_node.util.inert import inert
 
 PROG = "swarm-node"
 
@@ -32,10 +33,20 @@ StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=1, help="Train u
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Debug logs; tracebacks on errors.")]
 
 
+class InertFormatter(logging.Formatter):
+    """Log lines whose message is inert (`util.inert`): a peer's string in a message (its model id,
+    an address, a reason it named) can neither drive the terminal nor forge a line. A traceback,
+    added after the message, keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's naming)
+        return inert(super().formatMessage(record))
+
+
 def setup_logging(verbose: bool = False) -> None:
     verbose = verbose or any(a in ("-v", "--verbose") for a in sys.argv[1:2])
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(InertFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     for noisy in ("hivemind", "httpx", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     quiet_progress_bars()
@@ -71,7 +82,7 @@ def _verbose(argv: Sequence[str]) -> bool:
 
 
 def _print_line(text: str) -> None:
-    print(f"{PROG}: error: {text}", file=sys.stderr, flush=True)
+    print(f"{PROG}: error: {inert(text)}", file=sys.stderr, flush=True)  # may quote a peer's words
 
 
 def _cli_exception_types() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
