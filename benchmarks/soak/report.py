@@ -162,7 +162,9 @@ def checkpoints_after_kills(run_dir: Path, events: list[dict[str, Any]]) -> list
         nth = sum(1 for k in kills if k["node"] == e["node"] and k["time"] <= e["time"])
         starts = log.split("swarm-node: peer id ")
         resumed = None
-        if len(starts) > nth + 1:
+        if not e["checkpoints"]:  # killed before its first checkpoint (under load: before its DHT started,
+            resumed = 0           # so its log has no "peer id" line): there is nothing to resume from
+        elif len(starts) > nth + 1:
             found = re.findall(r"resumed from checkpoint at step (\d+)", starts[nth + 1])
             resumed = int(found[0]) if found else 0
         out.append({"node": e["node"], "minute": e["minute"], "last_step": e["last_step"],
@@ -193,24 +195,31 @@ def heldout_trend(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return out
 
 
-def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: int) -> dict[str, Any]:
+def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: int,
+                     status_interval_s: float | None = None) -> dict[str, Any]:
     """benchmarks.scale's model of this swarm (sharded index): `active` peers step `steps_per_window`
     times a window and publish in the first 16 of them (swarm.slots_per_window), the light peers once
-    a window; groups of G=8 completions of `tokens` tokens; a status record stored at every step
-    (metrics.status_every_steps = 1) and the status key read every 100 s (record_ttl_s / 3), every
-    record with 32 receipts. One measured window after two to settle."""
+    a window; groups of G=8 completions of `tokens` tokens; a status record stored at most every
+    `status_interval_s` (the node's metrics.status_min_interval_s unless given; a step each when 0)
+    and the status key read every 100 s (record_ttl_s / 3), every record with 32 receipts. One
+    measured window after two to settle."""
     import argparse
 
     from benchmarks.scale import Model, Sizes
+    from swarm_node.config import MetricsConfig
 
+    if status_interval_s is None:
+        status_interval_s = MetricsConfig.model_fields["status_min_interval_s"].default
     rpw = max(1, round(steps_per_window))
     args = argparse.Namespace(groups=PROMPTS_PER_STEP, max_groups=MAX_PEER_GROUPS, max_per_peer=MAX_GROUPS_PER_PEER,
                               staleness=STALENESS, replicas=5, peers_per_shard=16, shards_per_read=1,
                               rounds_per_window=rpw, active=active, slots_per_window=16,
-                              status_every=1, status_read_every=max(1, round(100 / WINDOW_S * rpw)),
+                              status_every=max(1, round(status_interval_s / WINDOW_S * rpw)),
+                              status_read_every=max(1, round(100 / WINDOW_S * rpw)),
                               status_cap_records=256, status_cap_bytes=256 << 10)
     res = Model(peers, "sharded", args, Sizes.measure(tokens=max(1, tokens)), 0).run(rounds=rpw, warmup=2 * rpw)
     return {"peers": peers, "active": active, "rounds_per_window": rpw, "tokens": tokens,
+            "status_interval_s": status_interval_s,
             "bytes_per_node_round": res["active_total_bytes_per_node_round"],
             "exchange_bytes_per_node_round": res["active_bytes_per_node_round"],
             "status_bytes_per_node_round": res["status_bytes_per_node_round"],

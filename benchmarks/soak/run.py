@@ -239,8 +239,13 @@ class Soak:
         rows = metrics_rows(self.node_dir(name))
         return int(rows[-1]["step"]) if rows else 0
 
-    def kill_restart(self, name: str) -> None:
+    def kill_restart(self, name: str, wait_for_checkpoint_s: float = 90.0) -> None:
+        """SIGKILL and restart; the kill waits (up to `wait_for_checkpoint_s`) for the node's first
+        checkpoint, so that a node slow to start under load still proves its resume."""
         p = self.procs[name]
+        deadline = time.time() + wait_for_checkpoint_s
+        while not self.checkpoints(name) and time.time() < deadline and not self.interrupted:
+            self.wait(1.0)  # sampling goes on
         before = self.checkpoints(name)
         step = self.last_step(name)
         p.proc.send_signal(signal.SIGKILL)  # the node process alone: its DHT and daemon die by design
