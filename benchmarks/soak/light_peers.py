@@ -210,10 +210,13 @@ class LightSwarm:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from swarm_node.swarm.exchange import RolloutExchange
-        from swarm_node.swarm.validators import CappedStorage
+        from protocol import keys
+        from swarm_node.swarm.storage import CappedStorage
+        from swarm_node.swarm.validators import key_id
 
         self.spec = spec
-        CappedStorage.install(*spec["storage_caps"])  # as a node's DHT process does
+        status_id = key_id(keys.status_key(spec["swarm_id"]))
+        CappedStorage.install(*spec["storage_caps"], incumbent_keys=[status_id])  # as a node's DHT process does
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="light-peers", daemon=True)
         self.thread.start()

@@ -3,12 +3,10 @@
 * The process itself (dht_process.py): `PipeFixedDHT` (hivemind's DHT with the large-message pipe
   fix, a parent-death watchdog and lazy peer-id encoding), its start with retries (`start_dht`)
   and the coroutines it runs.
-* Validators (validators.py): hivemind's `RSASignatureValidator` (verdicts cached; owned subkeys
-  `[owner:<public key>]`, signed with the node's identity key), a pydantic.v1 `SchemaValidator`
-  on the index and status keys, `SwarmRecordValidator` (owned subkeys only, blobs under the
-  hash of their own bytes, expirations at most `max_ttl_s` ahead) and `OwnedRecordValidator`
-  (owned records only under scheduled keys, decoding as the key's kind of message); the
-  replica's storage caps subkeys and bytes per key and per peer (`CappedStorage`).
+* Validators (validators.py): signed owned subkeys, schema, blobs under the hash of their bytes,
+  expirations at most `max_ttl_s` ahead, owned records only under scheduled keys as the key's kind
+  of message; the replica's storage (storage.py) caps keys and peers and keeps the status key's
+  records against newcomers.
 * Batched calls: each transport call runs one coroutine inside the DHT process (`get_many` /
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
 * Every wait has a deadline: the coroutine bounds itself, the caller's wait has a timeout and
@@ -68,6 +66,7 @@ from swarm_node.swarm.validators import (
     DEFAULT_MAX_TTL_S,
     OwnedRecordValidator,
     SwarmRecordValidator,
+    key_id,
     owned_values,
 )
 
@@ -85,7 +84,7 @@ class HivemindTransport(Transport):
     SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
     cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
     max_ttl_s: records expiring later than now + this are refused. storage_caps: (subkeys per key,
-    bytes per key, bytes per peer) this replica stores at most (None: uncapped).
+    bytes per key, bytes per peer) this replica stores at most (None: uncapped; the status key keeps its records).
     """
 
     def __init__(
@@ -153,7 +152,8 @@ class HivemindTransport(Transport):
             cache_on_store=False,
             startup_timeout=startup_timeout,
         )
-        self._dht = start_dht(kwargs, startup_timeout, start_attempts, storage_caps)
+        caps = None if storage_caps is None else (*storage_caps, [key_id(keys.status_key(swarm_id))])
+        self._dht = start_dht(kwargs, startup_timeout, start_attempts, caps)
         self._closed = False
         self.membership = MembershipKeeper(self, self._initial_peers)
         if self_heal:

@@ -42,13 +42,13 @@ class PipeFixedDHT(hivemind.DHT):
     parent-death watchdog (see module doc)."""
 
     parent_check_interval = 1.0
-    storage_caps: tuple[int, int, int] | None = None  # (subkeys per key, bytes per key, bytes per peer)
+    storage_caps: tuple | None = None  # CappedStorage.install's arguments (subkeys, bytes per key and peer, ...)
 
     def run(self) -> None:
         patches.lazy_peer_id_base58()
         daemons_die_with_this_process()
         if self.storage_caps is not None:
-            from swarm_node.swarm.validators import CappedStorage
+            from swarm_node.swarm.storage import CappedStorage
 
             CappedStorage.install(*self.storage_caps)
         patches.blocking_recv_pipe(self)
@@ -100,7 +100,7 @@ async def get_many_in_dht(_dht: Any, node: Any, keys: list[str], latest: bool, t
 
 async def refusals_in_dht(_dht: Any, node: Any) -> dict[str, int]:
     """Runs in the DHT process: records refused so far by reason (validators and storage caps)."""
-    from swarm_node.swarm.validators import CappedStorage
+    from swarm_node.swarm.storage import CappedStorage
 
     counts: dict[str, int] = {}
     sources = [getattr(v, "refusals", None) for v in getattr(node.protocol.record_validator, "_validators", ())]
@@ -192,7 +192,7 @@ async def redial_in_dht(_dht: Any, node: Any, peers: list[tuple[str, list[str]]]
 
 
 def start_dht(kwargs: dict[str, Any], timeout: float, attempts: int,
-              storage_caps: tuple[int, int, int] | None) -> PipeFixedDHT:
+              storage_caps: tuple | None) -> PipeFixedDHT:
     """Start the DHT process with `kwargs` (PipeFixedDHT's), trying `attempts` times within
     `timeout` each; raises SwarmConnectError naming the initial peers when none answered."""
     errors = []

@@ -29,7 +29,7 @@ function its user calls where the patch is needed (the DHT process as it starts,
    `BlockingIOError` and then `EOFError` (a hivemind 1.1.12 bug). User: the DHT process.
 4. `install_storage` replaces `hivemind.dht.protocol.DHTLocalStorage`, the class hivemind's DHT
    protocol builds its storage from (by that module-level name), with a subclass
-   (`swarm.validators.CappedStorage`: caps on subkeys and bytes per key and per peer). Why: the
+   (`swarm.storage.CappedStorage`: caps on subkeys and bytes per key and per peer). Why: the
    protocol offers no parameter for the storage class. User: the DHT process, before its protocol
    is created.
 

@@ -22,9 +22,10 @@ time, so they hold on store and on read alike:
   the manifest key of the prompt set their value names (a manifest or its tombstone); the value must decode as a bounded
   message of the key's kind (`RolloutIndex` / `NodeStatus`) signed by its own sender.
 
-Caps that need the state of a replica (subkeys and bytes per key, bytes per peer) live in the
-storage (`CappedStorage`, installed in the DHT process). Refusals are counted and logged at
-most once a minute (`RefusalLog`), so a flood shows in the node's log. The reader's side of the
+Caps that need the state of a replica (subkeys and bytes per key, bytes and records per peer,
+which records a full key keeps) live in the storage (`storage.CappedStorage`, installed in the DHT
+process). Refusals are counted and logged at most once a minute (`RefusalLog`), so a flood shows in
+the node's log. The reader's side of the
 subkey format: `owner_of_subkey` and `owned_values` (a read of an owned key as {owner: value}).
 """
 
@@ -44,7 +45,6 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.protocol import DHTProtocol
 from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
-from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils import get_dht_time
@@ -52,7 +52,6 @@ from hivemind.utils import get_dht_time
 from protocol import codec, keys
 from protocol.messages import NodeStatus, PromptSetManifest, PromptSetTombstone, ProtocolError, RolloutIndex
 from swarm_node.swarm.identity import owner_id
-from swarm_node.swarm.patches import install_storage
 from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, OwnedValue, blob_digest
 
 logger = logging.getLogger(__name__)
@@ -268,82 +267,6 @@ class OwnedRecordValidator(RecordValidatorBase):
 
     def merge_with(self, other: RecordValidatorBase) -> bool:
         return False
-
-
-class CappedStorage(DHTLocalStorage):
-    """A replica's local storage with caps on owned records (subkeys), checked at store time:
-
-    at most `max_subkeys_per_key` live subkeys and `max_bytes_per_key` bytes under one key, and at
-    most `max_bytes_per_peer` bytes from one owner over all keys. A store into a full key evicts
-    records *larger* than itself, largest first, until it fits (index and status records of honest
-    nodes are small, so a flood of large records cannot lock them out of a key); otherwise it is
-    refused and answers False (the writer sees a failed store). Install with
-    `CappedStorage.install(...)` in the DHT process (hivemind's protocol builds its storage by name).
-    """
-
-    max_subkeys_per_key = 256
-    max_bytes_per_key = 256 << 10
-    max_bytes_per_peer = 256 << 10
-    refusals = RefusalLog("stores over a storage cap")
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._by_owner: dict[bytes, dict[DHTID, tuple[int, float]]] = {}  # subkey -> key -> (bytes, expiration)
-
-    @classmethod
-    def install(cls, max_subkeys_per_key: int, max_bytes_per_key: int, max_bytes_per_peer: int) -> None:
-        """Make every DHT protocol created from now on (in this process) use capped storage
-        (`patches.install_storage`: hivemind builds its storage from a module-level class name)."""
-        cls.max_subkeys_per_key, cls.max_bytes_per_key = max_subkeys_per_key, max_bytes_per_key
-        cls.max_bytes_per_peer = max_bytes_per_peer
-        install_storage(cls)
-
-    def store_subkey(self, key: DHTID, subkey, value: bytes, expiration_time: float) -> bool:
-        reason = self._over_cap(key, subkey, len(value), expiration_time)
-        if reason is not None:
-            self.refusals.add(reason)
-            return False
-        stored = super().store_subkey(key, subkey, value, expiration_time)
-        if stored:
-            self._by_owner.setdefault(subkey, {})[key] = (len(value), expiration_time)
-            if len(self._by_owner) > 4 * self.max_subkeys_per_key:  # many identities: forget expired ones
-                now = get_dht_time()
-                self._by_owner = {sk: held for sk, held in self._by_owner.items()
-                                  if any(exp > now for _, exp in held.values())}
-        return stored
-
-    def _make_room(self, records: DictionaryDHTValue, subkey, size: int) -> str | None:
-        """Evict records larger than `size` (largest first) until one more of `size` fits under the key."""
-        others = sorted(((len(item.value), sk) for sk, item in records.items() if sk != subkey), reverse=True)
-        total = sum(n for n, _ in others)
-        evict = []
-        while others and (len(others) >= self.max_subkeys_per_key or total + size > self.max_bytes_per_key):
-            n, sk = others[0]
-            if n <= size:
-                return "subkeys_per_key" if len(others) >= self.max_subkeys_per_key else "bytes_per_key"
-            evict.append(sk)
-            others.pop(0)
-            total -= n
-        for sk in evict:
-            del records[sk]
-            self.refusals.add("evicted_for_smaller")
-        return None
-
-    def _over_cap(self, key: DHTID, subkey, size: int, expiration_time: float) -> str | None:
-        now = get_dht_time()
-        current = self.get(key)
-        if size > self.max_bytes_per_key:
-            return "bytes_per_key"
-        if current is not None and isinstance(current.value, DictionaryDHTValue):
-            reason = self._make_room(current.value, subkey, size)
-            if reason is not None:
-                return reason
-        held = self._by_owner.get(subkey, {})  # (an owner's records evicted elsewhere still count until they expire)
-        for k in [k for k, (_, exp) in held.items() if exp <= now]:
-            del held[k]
-        if size + sum(n for k, (n, _) in held.items() if k != key) > self.max_bytes_per_peer:
-            return "bytes_per_peer"
-        return None
 
 
 @lru_cache(maxsize=1 << 15)

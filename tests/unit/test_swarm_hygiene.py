@@ -20,9 +20,9 @@ from hivemind.utils.crypto import RSAPrivateKey  # noqa: E402
 from protocol import codec, keys  # noqa: E402
 from protocol.messages import IndexEntry, NodeStatus, PromptSetManifest, PromptSetTombstone, RolloutIndex  # noqa: E402
 from swarm_node.swarm.index import owned_key_schedule  # noqa: E402
+from swarm_node.swarm.storage import CappedStorage  # noqa: E402
 from swarm_node.swarm.validators import (  # noqa: E402
     CachedRSASignatureValidator,
-    CappedStorage,
     OwnedRecordValidator,
     SwarmRecordValidator,
     owner_of_subkey,
