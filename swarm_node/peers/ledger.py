@@ -10,7 +10,11 @@ The ledger owns the node's `Reputation`: admission reads it (`reputation`), so t
 survives a restart. It also keeps the same counts per sender over a recent span (`receipts.py`,
 `ledger.recent`: the receipts of the node's status record), and what peers' receipts say of this
 node (`note_receipts`, `given.py`): its rows show, beside what this node took from each peer, what
-that peer says it took from this node (`given`), and the file holds both. It lives in
+that peer says it took from this node (`given`), and the file holds both. The status records of the
+peers this node took groups from are kept (`statuses.StatusKeeper`) until they could have lapsed
+(`KEEP_STATUS_S` after they were written): a read that misses one (a lost replica, a timeout, a
+flood) does not make their receipts vanish; records of identities it never took from are only what
+the read returns. It lives in
 `node_dir/peer_ledger.json`, written atomically (`atomic.py`) at
 every checkpoint and every `metrics.ledger_every_steps` steps, and holds at most `max_peers` peers,
 least recently seen forgotten first (`metrics.ledger_max_peers`). A damaged file (not JSON, wrong
@@ -57,12 +61,14 @@ from swarm_node.peers.ledger_stats import (  # noqa: F401  (OTHER, RESERVOIR, St
 from swarm_node.policy.types import SampleStat
 from swarm_node.peers.receipts import DEFAULT_SPAN_S, ReceiptBook
 from swarm_node.swarm.admission import Reputation
+from swarm_node.swarm.statuses import StatusKeeper
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "peer_ledger.json"
 FORMAT = 1
 DEFAULT_MAX_PEERS = 256
+KEEP_STATUS_S = 3600.0  # a kept status record lapses this long after it was written (= swarm.max_record_ttl_s's default)
 
 
 class PeerLedger:
@@ -80,6 +86,7 @@ class PeerLedger:
         self.own_peer = own_peer  # this node's peer id: the sender named by receipts about it
         self.recent = ReceiptBook(receipts_span_s, clock)  # counts over the receipts span
         self._given: list[dict[str, Any]] = []  # peers' receipts naming this node (given.given_rows)
+        self._statuses = StatusKeeper(self._took_from)  # records of the peers this node took groups from
         self._given_at: float | None = None
         self.max_peers = max_peers
         self.reputation = reputation or Reputation()
@@ -136,10 +143,18 @@ class PeerLedger:
             return self.recent.receipts(max_senders)
 
     def note_receipts(self, statuses: Iterable[Any]) -> None:
-        """Keep what the receipts in peers' status records (already checked) say of this node."""
+        """Keep what the receipts in peers' status records (already checked) say of this node, with
+        the kept records of the peers it took groups from that this read missed."""
+        with self._lock:
+            read = {s.peer_id: (s, s.timestamp + KEEP_STATUS_S) for s in statuses}
+            statuses = self._statuses.merge(read, self.clock())
         rows = given_rows(statuses, self.own_peer) if self.own_peer else []
         with self._lock:
             self._given, self._given_at = rows, self.clock()
+
+    def _took_from(self) -> set[str]:
+        """Peers this node took at least one group from (called under the lock)."""
+        return {peer for peer, rec in self._peers.items() if rec.taken > 0}
 
     def given_metrics(self) -> dict[str, float]:
         """This node's `given_*` metrics from the receipts last noted ({} before the first read)."""
