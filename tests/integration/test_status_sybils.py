@@ -108,3 +108,30 @@ def test_256_sybil_status_records_leave_every_honest_record_readable(dht_factory
 
 async def _routing_peers(_dht, node) -> list:
     return list(node.protocol.routing_table.uid_to_peer_id.values())
+
+
+EVIL_MODEL = "\x1b[2J\x1b[Hpwned\u202etxt.exe\nforged line"  # clears the screen, reverses text, forges a line
+
+
+def test_status_given_prints_a_peers_escape_sequence_inert(dht_factory) -> None:
+    """`swarm-node status --given PEER` (the command, in its own process, over the DHT) shows a
+    receiver whose model id is an escape sequence: inert, and what a receipt proves."""
+    import subprocess
+    import sys
+
+    swarm = "itest-status-inert"
+    node = dht_factory(swarm)
+    target = "12D3KooWQwertyPeerAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+    st = NodeStatus(peer_id=node.peer_id, role="trainer", model_id=EVIL_MODEL, step=3, timestamp=node.dht_time(),
+                    receipts_span_s=60.0, receipts=(Receipt(sender=target, taken=2, samples=8, gradient=3, filtered=1,
+                                                            filtered_advantage=1, filtered_kl=0),))
+    assert node.store_owned(keys.status_key(swarm), codec.encode(st), node.dht_time() + 120)
+    res = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--given", target, "--initial-peer",
+                          node.visible_maddrs[0], "--swarm-id", swarm, "--timeout", "15"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout
+    assert "\x1b" not in out and "\u202e" not in out and not any(ln.startswith("forged") for ln in out.splitlines())
+    flat = "".join(out.split())
+    assert "\\x1b[2J\\x1b[Hpwned" in flat and node.peer_id[:14] in out  # shown as text (the view cuts it at 20)
+    assert "identitiesarefree" in flat
