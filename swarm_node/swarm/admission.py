@@ -3,15 +3,25 @@
 Used by `RolloutExchange` while it gathers; every rule holds whatever peers publish:
 
 * **Allow-list** (closed swarms, optional): only groups of listed peer ids are taken (`not_allowed`).
-* **Reputation** (`Reputation`): a peer's drops (anything it published that was refused, weighted
-  lightly for network weather such as timeouts and missing chunks) and failed checks lower its
-  share, except drops that say nothing about its honesty (`HONEST_REASONS`: another tokenizer
-  without text, a group that arrived after this node's window); enough faults with few accepted
-  groups exclude it (`excluded_peer`) until its faults decay.
-* **Fair sampling** (`fair_sample`): candidates are taken one group per identity per round, the
-  identities ordered by reputation weight (random among equals), each up to its quota of
-  `max_per_peer` scaled by its weight; so a peer listing many groups gets no more than one listing
-  few, and a crowd of fresh identities is served after peers with a record of accepted groups.
+* **Reputation** (`Reputation`): a peer's faults (drops of anything it published that say something
+  about its honesty: `verdicts.py`; network weather such as timeouts and missing chunks weighs
+  little) and failed checks lower its share; drops that say nothing about its honesty
+  (`verdicts.HONEST_REASONS`) do not, but a drop is honest only when all its reasons are;
+  enough faults with few accepted groups exclude it (`excluded_peer`) until its faults decay.
+* **Slots not taken** (`Reputation.misses`): a group this node fetched (a slot of its gather) and
+  then did not take, for any reason but its own budgets, is a miss of its sender, honest or not. A
+  peer with more misses than taken groups (both decayed by 0.9 a gather, so the comparison holds
+  until one of them changes) is *probed*: all such peers together get at most one group per
+  gather, and one whose taken groups outnumber its misses again returns to the others
+  (`sampling.PROBE`). So identities whose groups are never taken stop holding slots whatever their
+  number, and a peer whose groups were dropped for a while (another prompt set) recovers as its
+  groups are taken again (each take counts 1; old misses fade by 0.9 a gather).
+* **Fair sampling** (`sampling.fair_sample`): candidates are taken one group per seat per round,
+  seats in a weighted lottery order: a peer with a record of taken groups has its own seat, every
+  peer without one shares one seat (a crowd of fresh identities holds one identity's place), every
+  probed peer shares one seat of one group; each owner at most its quota of `max_per_peer` scaled
+  by its weight, and at most the gather's byte budget per sender. The lottery lets newcomers in now
+  and then, where a strict order locked out whoever was not taken early.
 * **Declared G** (`check_group`): a sender's group size is fixed by its first accepted group (the
   bounds, the local G unless configured, are `protocol.validate`'s `min/max_group_size`);
   a group of another size is dropped (`group_size_changed`).
@@ -24,8 +34,8 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   larger than n S; `window_slot_overused`). Nothing else the sender picks (policy version, model,
   sampling) enters the assignment, so grinding it buys nothing; a sender gets at most n S groups
   per window, on prompts a hash drew. A new identity gets a new assignment: identity grinding
-  (about 30 keys, 1.5 s, for a chosen prompt with the defaults) is bounded by fair sampling (a
-  fresh identity gets one group per gather, after peers with a record). Horizontal collaboration:
+  (about 30 keys, 1.5 s, for a chosen prompt with the defaults) is bounded by fair sampling (all
+  fresh identities share one seat beside the peers with a record). Horizontal collaboration:
   every node's prompts of window w are `select_prompts("horizontal", w, n)`, each at most S times
   per sender and window.
 * **Replays**: every completion of at least `MIN_FINGERPRINT_TOKENS` tokens is hashed (its token
@@ -55,13 +65,20 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
 
 from protocol.messages import RolloutGroup
-from protocol.validate import TOKENIZER_MISMATCH
 from swarm_node.swarm.binding import SLOT_OVERUSED, WRONG_PROMPT, PromptAssignment, WindowQuota
+from swarm_node.swarm.sampling import NEWCOMER, OWN, PROBE, C, fair_sample
+from swarm_node.swarm.verdicts import (
+    HONEST_REASONS,
+    NEUTRAL_REASONS,
+    WEATHER_REASONS,
+    WEATHER_WEIGHT,
+    is_fault,
+)
 
-__all__ = ["SLOT_OVERUSED", "WRONG_PROMPT", "Admission", "PromptAssignment", "Reputation", "fair_sample"]
+__all__ = ["HONEST_REASONS", "SLOT_OVERUSED", "WRONG_PROMPT", "Admission", "PromptAssignment", "Reputation", "fair_sample",
+           "is_fault"]
 
 log = logging.getLogger(__name__)
 
@@ -71,38 +88,18 @@ GROUP_SIZE_CHANGED = "group_size_changed"
 DUPLICATE = "duplicate"
 OVER_TOKEN_BUDGET = "over_token_budget"
 
-# Drops that can be network weather rather than a fault of the peer count for little.
-WEATHER_REASONS = frozenset({"fetch_timeout", "missing"})
-WEATHER_WEIGHT = 0.25
-# Drops that say nothing about the peer (this node's own budget or state).
-NEUTRAL_REASONS = frozenset({OVER_TOKEN_BUDGET, "over_peer_cap", NOT_ALLOWED, EXCLUDED})
-# Drops that say nothing about the sender's honesty: a group of another tokenizer without text (its
-# sender cannot make faithful text, or has not yet seen this node's tokenizer: swarm.send_text), and
-# a group that arrived after this node's window for it (`stale`: a slow sender, or a late reader).
-# Counted as drops by reason (ledger, receipts), never as faults.
-HONEST_REASONS = frozenset({TOKENIZER_MISMATCH, "stale"})
-
-
-def is_fault(reason: str | None) -> bool:
-    """Whether a drop for `reason` counts against its sender's reputation."""
-    return reason is not None and reason not in NEUTRAL_REASONS and reason not in HONEST_REASONS
-
-
-class _HasOwner(Protocol):
-    owner: str
-
-
-C = TypeVar("C", bound=_HasOwner)
-
 
 @dataclass
 class Reputation:
-    """Per-peer counts of accepted groups and faults, decayed by `decay` at every `tick()`.
+    """Per-peer counts of accepted groups, faults and misses, decayed by `decay` at every `tick()`.
 
-    weight(peer) = trust * cleanliness, in (0, 1]: trust = min(1, (1 + good) / (1 + trusted_after))
-    grows with accepted groups (a fresh identity starts at 1 / (1 + trusted_after)), cleanliness =
-    (1 + good) / (1 + good + penalty * faults). A peer with at least `exclude_faults` faults and a
-    weight under `exclude_below` is excluded (until its faults decay).
+    weight(peer) = trust * cleanliness * usefulness, in (0, 1]: trust = min(1, (1 + good) / (1 +
+    trusted_after)) grows with accepted groups (a fresh identity starts at 1 / (1 + trusted_after)),
+    cleanliness = (1 + good) / (1 + good + penalty * faults), usefulness = (1 + good) / (1 + good +
+    misses). A peer with at least `exclude_faults` faults and a weight under `exclude_below` is
+    excluded (until its faults decay). `standing`: PROBE while misses > good, OWN (a seat of its
+    own in fair sampling) once good >= trusted_after, else NEWCOMER. Misses are not saved with the
+    ledger: a restarted node gives each peer its slots again until they miss.
     """
 
     decay: float = 0.9
@@ -112,6 +109,7 @@ class Reputation:
     exclude_below: float = 0.2
     good: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     faults: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    misses: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     def record(self, peer: str, reason: str | None) -> None:
         """An accepted group (reason None) or a drop of something `peer` published."""
@@ -120,43 +118,38 @@ class Reputation:
         elif is_fault(reason):
             self.faults[peer] += WEATHER_WEIGHT if reason in WEATHER_REASONS else 1.0
 
+    def record_miss(self, peer: str, reason: str) -> None:
+        """A group of `peer` this node fetched and did not take, for `reason` (none of this node's own)."""
+        if reason not in NEUTRAL_REASONS:
+            self.misses[peer] += WEATHER_WEIGHT if reason in WEATHER_REASONS else 1.0
+
+    def withdraw(self, peer: str) -> None:
+        """Undo one accepted group (`record(peer, None)`) of this gather: the node did not train on it."""
+        if peer in self.good:
+            self.good[peer] = max(0.0, self.good[peer] - 1.0)
+
     def weight(self, peer: str) -> float:
         good = self.good.get(peer, 0.0)
         trust = min(1.0, (1.0 + good) / (1.0 + self.trusted_after))
-        return trust * (1.0 + good) / (1.0 + good + self.penalty * self.faults.get(peer, 0.0))
+        clean = (1.0 + good) / (1.0 + good + self.penalty * self.faults.get(peer, 0.0))
+        return trust * clean * (1.0 + good) / (1.0 + good + self.misses.get(peer, 0.0))
+
+    def standing(self, peer: str) -> str:
+        """Its seat in fair sampling (`sampling`): PROBE, OWN or NEWCOMER (class doc)."""
+        good = self.good.get(peer, 0.0)
+        if self.misses.get(peer, 0.0) > good:
+            return PROBE
+        return OWN if good >= self.trusted_after else NEWCOMER
 
     def excluded(self, peer: str) -> bool:
         return self.faults.get(peer, 0.0) >= self.exclude_faults and self.weight(peer) < self.exclude_below
 
     def tick(self) -> None:
-        for table in (self.good, self.faults):
+        for table in (self.good, self.faults, self.misses):
             for peer in list(table):
                 table[peer] *= self.decay
                 if table[peer] < 0.01:
                     del table[peer]
-
-
-def fair_sample(candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random,
-                weight: Callable[[str], float] = lambda _: 1.0) -> list[C]:
-    """At most `max_groups` candidates: one per identity per round, identities by weight (in (0, 1],
-    rounded to tenths: higher first, random among equals), each at most max(1, round(max_per_peer *
-    weight)) in all."""
-    by_owner: dict[str, list[C]] = defaultdict(list)
-    for c in candidates:
-        by_owner[c.owner].append(c)
-    order_key = {o: (-round(weight(o), 1), rng.random()) for o in by_owner}
-    owners = sorted(by_owner, key=order_key.__getitem__)
-    quota = {o: max(1, min(max_per_peer, round(max_per_peer * weight(o)))) for o in owners}
-    for o in owners:
-        rng.shuffle(by_owner[o])
-    chosen: list[C] = []
-    for rnd in range(max_per_peer):
-        for o in owners:
-            if len(chosen) >= max_groups:
-                return chosen
-            if rnd < quota[o] and rnd < len(by_owner[o]):
-                chosen.append(by_owner[o][rnd])
-    return chosen
 
 
 # A completion shorter than this is no fingerprint: honest peers with similar models produce the same
@@ -205,18 +198,42 @@ class Admission:
             return EXCLUDED
         return None
 
-    def entry_reason(self, owner: str, prompt_index: int, created_at: float) -> str | None:
-        """Why an index entry is not worth fetching: its prompt is not assigned to its owner in the
-        window of `created_at`, or the owner's quota there is used (binding.py). Call once per entry
-        and gather: an entry that passes holds a place of that quota until the next gather."""
-        return self.binding.entry_reason(owner, prompt_index, created_at) if self.binding is not None else None
+    def entry_reason(self, owner: str, prompt_index: int, created_at: float, group_size: int = 0,
+                     hold: bool = True) -> str | None:
+        """Why an index entry is not worth fetching: the G it declares (`group_size`, 0: none) is not
+        its owner's, its prompt is not assigned to its owner in the window of `created_at`, or the
+        owner's quota there is used (binding.py). With `hold`, call once per entry and gather: an
+        entry that passes holds a place of that quota until the next gather; without, nothing is
+        held and the quota is not checked (an entry dropped for another reason)."""
+        declared = self._declared_g.get(owner)
+        if group_size and declared is not None and declared[0] != group_size:
+            return GROUP_SIZE_CHANGED
+        if self.binding is None:
+            return None
+        if not hold:
+            return None if self.binding.assignment.assigned(owner, prompt_index, created_at) else WRONG_PROMPT
+        return self.binding.entry_reason(owner, prompt_index, created_at)
 
-    def sample(self, candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random) -> list[C]:
-        return fair_sample(candidates, max_groups, max_per_peer, rng, self.reputation.weight)
+    def sample(self, candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random,
+               cost: Callable[[C], float] = lambda _: 0.0, max_cost_per_peer: float = math.inf) -> list[C]:
+        """`sampling.fair_sample` with this node's reputation weights and standings."""
+        return fair_sample(candidates, max_groups, max_per_peer, rng, self.reputation.weight,
+                           self.reputation.standing, cost, max_cost_per_peer)
 
     def record(self, owner: str, reason: str | None) -> None:
         """Feed the reputation: an accepted group (None) or a drop attributed to `owner`."""
         self.reputation.record(owner, reason)
+
+    def record_miss(self, owner: str, reason: str) -> None:
+        """A group of `owner` this gather fetched and did not take (`Reputation.record_miss`)."""
+        self.reputation.record_miss(owner, reason)
+
+    def untake(self, owner: str, reason: str) -> None:
+        """A group the exchange took that the node then dropped for `reason` before training on it
+        (an unknown prompt, a failed conversion, a budget): the take is withdrawn and the slot it
+        held is a miss unless `reason` is this node's own budget."""
+        self.reputation.withdraw(owner)
+        self.reputation.record_miss(owner, reason)
 
     def charge_tokens(self, n: int) -> bool:
         """Charge `n` more tokens of this gather's budget (another tokenizer's group re-tokenized

@@ -25,8 +25,8 @@ bounded: `created_at` only chooses among the staleness_steps + 1 windows of the 
 window's quota counted once (counts are kept longer than a window is read); within a window it
 gets at most n S groups, on prompts the hash drew, and can at most leave out the ones it does not
 like (a choice among n S uniform draws, where the old step-number rule let it pick any prompt
-after ~2,500 tries). A new identity gets a new A, so identity grinding remains; a fresh identity
-is served after peers with a record and gets one group per gather (`admission.fair_sample`).
+after ~2,500 tries). A new identity gets a new A, so identity grinding remains; fresh identities
+share one seat in fair sampling beside the peers with a record (`sampling.fair_sample`).
 
 Honest nodes at any step rate pass: a fast node uses slots 0..S-1 of each window (at most S
 published steps per window; the rest train unpublished), a slow one uses slot 0 of the window its

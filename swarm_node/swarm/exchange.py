@@ -8,11 +8,14 @@ re-stores the merged index of the window; `republish()` extends records that sti
 
 Gathering reads the index shards `index.ShardedIndex` plans for the last `staleness_windows + 1`
 windows (a bounded number; a record in a shard its owner is not in is an `index_mismatch`), picks
-a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer), fetches their
-chunks concurrently under one deadline, then decodes and checks each group. What earlier gathers
-saw is not judged again, and a fetch that failed may be retried (`gather_book.GatherBook`).
-Nothing a peer sends raises: every rejected record or group is counted under one reason (see the
-REASON constants and `protocol.validate` reasons).
+a bounded random sample of entries (`max_groups` in all, `max_per_peer` per peer, at most
+`max_bytes_per_peer` of chunks per peer: `sampling.fair_sample`), fetches their chunks concurrently
+under one deadline, then decodes and checks each group. An entry is judged before its chunks are
+fetched as far as it can be (`group_checks.RecordChecks`: a version-4 entry declares its group's
+tokenizer, text and G, so a group this node cannot use costs no download). What earlier gathers saw
+is not judged again, and a fetch that failed may be retried (`gather_book.GatherBook`). Nothing a
+peer sends raises: every rejected record or group is counted under every reason it has (see
+`group_checks` and `protocol.validate`), and judged by its worst one (`verdicts.py`).
 
 Left to the node (it holds the state): the prompt reference against its own prompt set
 (`unknown_prompt`) and, unless `tokenizer_fingerprint` is given here, the tokenizer check; a
@@ -32,11 +35,22 @@ from typing import Any
 
 from protocol import codec, keys
 from protocol.messages import IndexEntry, NodeStatus, ProtocolError, RolloutGroup, RolloutIndex
-from protocol.validate import MAX_TEMPERATURE, MIN_TEMPERATURE, ValidationLimits, validate_group
+from protocol.validate import MAX_TEMPERATURE, MIN_TEMPERATURE, ValidationLimits
 from swarm_node.swarm.admission import Admission, DegradedExchangeLog, fair_sample
 from swarm_node.swarm.gather_book import GatherBook
+from swarm_node.swarm.group_checks import (
+    BAD_TIMESTAMP,
+    DUPLICATE,
+    FUTURE,
+    INDEX_MISMATCH,
+    MIN_CHUNK_BYTES,
+    OVERSIZED,
+    STALE,
+    RecordChecks,
+    fetch_cost,
+)
 from swarm_node.swarm.index import ShardedIndex, ShardRead
-from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of this module's drop vocabulary)
+from swarm_node.swarm.statuses import (
     BAD_VERSION,
     DECODE_ERROR,
     SENDER_MISMATCH,
@@ -45,23 +59,20 @@ from swarm_node.swarm.statuses import (  # noqa: F401  (the reasons are part of 
     read_statuses,
 )
 from swarm_node.swarm.tokenizers import TokenizerCensus
-from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport, is_digest
+from swarm_node.swarm.verdicts import is_fault
+from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport
 
 CHUNK_BYTES = 512 << 10
-MIN_CHUNK_BYTES = 64 << 10  # an index may not list more than size / MIN_CHUNK_BYTES + 1 chunks
-MAX_INDEX_ENTRIES = 256  # per node per window; an index entry is ~100-200 bytes, the record <= 64 KiB
-
-INDEX_MISMATCH = "index_mismatch"
-OVERSIZED = "oversized"
-STALE = "stale"
-FUTURE = "from_future"
-BAD_TIMESTAMP = "bad_timestamp"
-DUPLICATE = "duplicate"
+MAX_INDEX_ENTRIES = 256  # per node per window; an index entry is ~150-250 bytes, the record <= 64 KiB
 FETCH_TIMEOUT = "fetch_timeout"
 
 RETRY_MIN_S = 1.0  # index keys that timed out are read once more when at least this much time is left
 
-__all__ = ["CHUNK_BYTES", "DropCounter", "RolloutExchange"]
+__all__ = [  # with the drop reasons of this module's vocabulary
+    "BAD_TIMESTAMP", "BAD_VERSION", "CHUNK_BYTES", "DECODE_ERROR", "DUPLICATE", "FETCH_TIMEOUT", "FUTURE",
+    "INDEX_MISMATCH", "MIN_CHUNK_BYTES", "OVERSIZED", "SENDER_MISMATCH", "STALE", "WRONG_TYPE", "DropCounter",
+    "RolloutExchange",
+]
 
 
 @dataclass
@@ -77,7 +88,9 @@ class RolloutExchange:
     `vocab_size` and `max_new_tokens` bound what is accepted (token ids and completion length);
     `record_ttl_s` is how long records live; `max_group_bytes` caps one encoded group.
     `index_peers_per_shard` and `index_shards_per_read` shape the sharded index (`index.py`);
-    groups declaring a sampling temperature outside `temperature_range` are `unsupported_temperature`.
+    groups declaring a sampling temperature outside `temperature_range` are `unsupported_temperature`;
+    `max_bytes_per_peer` (default 2 x `max_group_bytes`, which one largest group in 512 KiB chunks
+    needs) bounds what one sender's entries can make a gather download (`group_checks.fetch_cost`).
     """
 
     def __init__(
@@ -101,13 +114,14 @@ class RolloutExchange:
         temperature_range: tuple[float, float] = (MIN_TEMPERATURE, MAX_TEMPERATURE),
         ledger: Any | None = None,
         cross_tokenizer: bool = False,
+        max_bytes_per_peer: int | None = None,
     ) -> None:
         self.transport = transport
         self.swarm_id = keys.check_name(swarm_id)
         self.record_ttl_s = record_ttl_s
         self.window_seconds = window_seconds
         self.max_group_bytes = max_group_bytes
-        self.group_filter = group_filter
+        self.max_bytes_per_peer = 2 * max_group_bytes if max_bytes_per_peer is None else max_bytes_per_peer
         self.store_timeout = store_timeout
         self.admission = admission
         self.ledger = ledger
@@ -127,6 +141,8 @@ class RolloutExchange:
         self._blobs: dict[str, bytes] = {}  # digest -> chunk, kept while its window matters
         self._blob_window: dict[str, int] = {}
         self._book = GatherBook(admission, ledger)  # what earlier gathers saw; counts each drop
+        self.checks = RecordChecks(self.limits, window_seconds, max_group_bytes, self.max_bytes_per_peer,
+                                   self.codec_limits, self._book.seen_groups, admission, group_filter)
 
     # ---- publishing ---------------------------------------------------------------------
 
@@ -142,8 +158,11 @@ class RolloutExchange:
             blobs.extend(chunks)
             for d, c in zip(digests, chunks):
                 self._blobs[d], self._blob_window[d] = c, window
+            has_text = bool(group.completions) and all(c.has_text for c in group.completions)
             entries.append(IndexEntry(chunk_digests=digests, size=len(data), prompt_index=group.prompt.index,
-                                      policy_version=group.policy_version, created_at=group.created_at))
+                                      policy_version=group.policy_version, created_at=group.created_at,
+                                      tokenizer_fingerprint=group.tokenizer_fingerprint, has_text=has_text,
+                                      group_size=len(group.completions)))
             total_bytes += len(data)
             total_tokens += group.num_tokens
         if self.admission is not None:
@@ -301,48 +320,26 @@ class RolloutExchange:
                 continue  # an owner that changed level within a window is listed in two shards
             listed.add(digests)
             evaluated.add((owner, digests))
-            reason = self._entry_reason(owner, entry, window, current, staleness)
-            if reason is not None:
-                self._book.reject_entry(drops, reason, owner, digests, window)
+            reasons = self.checks.entry_reasons(owner, entry, window, current, staleness)
+            if not any(is_fault(r) for r in reasons):
+                self._book.vouch(owner, window)  # a bound entry: an honest drop vouches for its owner too
+            if reasons:
+                self._book.reject_entry(drops, reasons, owner, digests, window, entry.tokenizer_fingerprint)
                 continue
-            self._book.vouch(owner, window)
             out.append(_Candidate(owner, window, entry))
         return out
 
-    def _entry_reason(self, owner: str, entry: IndexEntry, window: int, current: int, staleness: int) -> str | None:
-        if not entry.chunk_digests or any(not is_digest(d) for d in entry.chunk_digests):
-            return INDEX_MISMATCH
-        if entry.size > self.max_group_bytes:
-            return OVERSIZED
-        if len(entry.chunk_digests) > entry.size // MIN_CHUNK_BYTES + 1:
-            return INDEX_MISMATCH
-        if (owner, entry.prompt_index, entry.policy_version) in self._book.seen_groups:
-            return DUPLICATE
-        age = self._age_reason(entry.created_at, current, staleness)
-        if age is not None:
-            return age
-        if keys.window_of(entry.created_at, self.window_seconds) != window:
-            return INDEX_MISMATCH  # a group is listed in the index of its own window (binding.py)
-        return self.admission.entry_reason(owner, entry.prompt_index, entry.created_at) \
-            if self.admission is not None else None
-
-    def _age_reason(self, created_at: float, current: int, staleness: int) -> str | None:
-        try:
-            w = keys.window_of(created_at, self.window_seconds)
-        except ProtocolError:
-            return BAD_TIMESTAMP
-        if w < current - staleness:
-            return STALE
-        if w > current + 1:
-            return FUTURE
-        return None
-
     def _sample(self, candidates: list[_Candidate], max_groups: int, max_per_peer: int,
                 rng: random.Random) -> list[_Candidate]:
-        """Fair over identities first, then groups (admission.fair_sample), reputation-weighted."""
+        """Fair over identities first, then groups (sampling.fair_sample), reputation-weighted, at
+        most `max_bytes_per_peer` of chunks per sender."""
+        def cost(c: _Candidate) -> float:
+            return fetch_cost(c.entry)
+
         if self.admission is not None:
-            return self.admission.sample(candidates, max_groups, max_per_peer, rng)
-        return fair_sample(candidates, max_groups, max_per_peer, rng)
+            return self.admission.sample(candidates, max_groups, max_per_peer, rng, cost, self.max_bytes_per_peer)
+        return fair_sample(candidates, max_groups, max_per_peer, rng, cost=cost,
+                           max_cost_per_peer=self.max_bytes_per_peer)
 
     def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
                       drops: DropCounter) -> list[RolloutGroup]:
@@ -357,42 +354,13 @@ class RolloutExchange:
                 self._book.fetch_failed(drops, failed[0], c.owner, digests_c, c.window)
                 continue
             data = b"".join(fetched.found[d] for d in digests_c)
-            reason, group = self._check_group(c, data, current, staleness)
-            if reason is not None:  # the fingerprint of a group of its sender goes to the ledger
-                self._book.drop(drops, reason, c.owner, tokenizer=group.tokenizer_fingerprint if group else "")
+            reasons, group = self.checks.group_reasons(c.entry, c.owner, c.window, data, current, staleness)
+            if group is not None:
+                self.tokenizers.note(group.tokenizer_fingerprint, self.transport.dht_time())
+            if reasons:  # the fingerprint of a group of its sender goes to the ledger
+                self._book.drop(drops, reasons, c.owner, tokenizer=group.tokenizer_fingerprint if group else "",
+                                fetched=True)
                 continue
             self._book.take(group, c.owner, c.window)
             groups.append(group)
         return groups
-
-    def _check_group(self, c: _Candidate, data: bytes, current: int,
-                     staleness: int) -> tuple[str | None, RolloutGroup | None]:
-        """(None, group) when it is taken, else (reason, the group when it decoded and is its sender's)."""
-        if len(data) != c.entry.size:
-            return INDEX_MISMATCH, None
-        try:
-            group = codec.decode(data, self.codec_limits)
-        except ProtocolError:
-            return decode_reason(data), None
-        if not isinstance(group, RolloutGroup):
-            return WRONG_TYPE, None
-        if group.sender != c.owner:
-            return SENDER_MISMATCH, None
-        self.tokenizers.note(group.tokenizer_fingerprint, self.transport.dht_time())
-        reasons = validate_group(group, self.limits)
-        if reasons:
-            return reasons[0], group
-        age = self._age_reason(group.created_at, current, staleness)
-        if age is not None:
-            return age, group
-        claimed = (c.entry.prompt_index, c.entry.policy_version, c.entry.created_at)
-        if (group.prompt.index, group.policy_version, group.created_at) != claimed:
-            return INDEX_MISMATCH, group
-        if (group.sender, group.prompt.index, group.policy_version) in self._book.seen_groups:
-            return DUPLICATE, group
-        if self.group_filter is not None:
-            extra = self.group_filter(group)
-            if extra is not None:
-                return extra, group
-        refused = self.admission.group_reason(group, c.window) if self.admission is not None else None
-        return (refused, group) if refused is not None else (None, group)

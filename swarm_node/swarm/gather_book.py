@@ -9,18 +9,23 @@ a `GatherBook` remembers the verdicts across gathers and counts each one:
 * an entry whose chunks time out is tried again later; one whose chunks are missing gets one more
   try (chunks and index are stored in one batch, so a reader can see the index first) and then
   counts as `missing` (`fetch_failed`);
-* a drop is counted under its reason in the gather's `DropCounter`, fed to the `Admission`'s
-  reputation (unless it is this node's own rule, no verdict on the peer's data) and to the
-  `ledger` (`ledger.PeerLedger`); a taken group feeds the reputation too (`take`).
+* a drop is counted under every reason it has in the gather's `DropCounter`, and once, under its
+  verdict reason (`verdicts.verdict_reason`: its first fault, else its first reason), in the
+  `Admission`'s reputation (unless it is this node's own rule, no verdict on the peer's data) and
+  in the `ledger` (`ledger.PeerLedger`); a group that was fetched (it held a slot of the gather)
+  and dropped is also a miss of its sender (`Reputation.record_miss`); a taken group feeds the
+  reputation too (`take`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from protocol.messages import RolloutGroup
 from swarm_node.swarm.admission import Admission
 from swarm_node.swarm.transport import FETCH_TIMEOUT, MISSING, DropCounter
+from swarm_node.swarm.verdicts import verdict_reason
 
 
 class GatherBook:
@@ -36,10 +41,19 @@ class GatherBook:
         # (owner, window) whose index listed an admissible entry: the owners the swarm-size estimate counts
         self.vouched: dict[tuple[str, int], int] = {}
 
-    def drop(self, drops: DropCounter, reason: str, owner: str, verdict: bool = True, tokenizer: str = "") -> None:
-        drops.add(reason)
+    def drop(self, drops: DropCounter, reasons: str | Sequence[str], owner: str, verdict: bool = True,
+             tokenizer: str = "", fetched: bool = False) -> None:
+        """A record of `owner` dropped for `reasons` (one or several): each counted in `drops`, the
+        verdict reason in the reputation (`verdict`: a judgement of the peer's data) and the ledger;
+        `fetched`: it held a slot of this gather, a miss of its sender."""
+        reasons = (reasons,) if isinstance(reasons, str) else tuple(reasons)
+        for reason in reasons:
+            drops.add(reason)
+        reason = verdict_reason(reasons)
         if verdict and self.admission is not None:
             self.admission.record(owner, reason)
+            if fetched:
+                self.admission.record_miss(owner, reason)
         if self.ledger is not None:
             self.ledger.record_group(owner, reason, tokenizer)
 
@@ -50,10 +64,10 @@ class GatherBook:
             self.drop(drops, reason, owner)
             self.bad_indexes[record_id] = window
 
-    def reject_entry(self, drops: DropCounter, reason: str, owner: str, digests: tuple[str, ...],
-                     window: int) -> None:
+    def reject_entry(self, drops: DropCounter, reasons: Sequence[str], owner: str, digests: tuple[str, ...],
+                     window: int, tokenizer: str = "") -> None:
         """An index entry refused before its chunks were fetched: counted once, not judged again."""
-        self.drop(drops, reason, owner)
+        self.drop(drops, reasons, owner, tokenizer=tokenizer)
         self.seen_digests[digests] = window
 
     def fetch_failed(self, drops: DropCounter, reason: str, owner: str, digests: tuple[str, ...],
@@ -67,7 +81,7 @@ class GatherBook:
             return
         if reason == FETCH_TIMEOUT:
             del self.seen_digests[digests]  # may be fetched again next time
-        self.drop(drops, reason, owner)
+        self.drop(drops, reason, owner, fetched=True)
 
     def take(self, group: RolloutGroup, owner: str, window: int) -> None:
         """A group taken: the same (sender, prompt, policy version) is a duplicate from now on."""

@@ -149,13 +149,21 @@ def test_entries_must_sit_in_the_index_of_their_window() -> None:
     assert got == [] and drops == {"index_mismatch": 2}
 
 
-def test_created_at_outside_the_tolerance_is_stale() -> None:
+def test_created_at_outside_the_tolerance_is_a_lie_not_stale() -> None:
+    """A group older than the tolerance listed in a fresh index (its entry claiming a fresh time) is
+    an `index_mismatch`, a fault: consistency is checked before age, so `stale`, an honest drop, is
+    left to a consistent record that is merely late. One listed consistently, in its own old window,
+    is never read: nothing fetched, nothing dropped."""
     swarm = MemorySwarm(clock=Clock(T0))
     w = keys.window_of(T0, WS)
     old = _synthetic("a", 0, t=T0 - 5 * WS)  # older than staleness (4 windows), listed in a fresh index
     _publish_raw(swarm, "a", old, window=w, entry_created_at=T0)
-    got, drops = _gather(_exchange(swarm, "h"))
-    assert got == [] and drops == {"stale": 1}
+    late = _synthetic("b", 1, t=T0 - 5 * WS)
+    _publish_raw(swarm, "b", late, window=w - 5)
+    ex = _exchange(swarm, "h")
+    got, drops = _gather(ex)
+    assert got == [] and drops == {"index_mismatch": 1}
+    assert ex.transport.traffic["blobs_fetched"] == 1  # a's chunk; b's is not read
 
 
 def test_declared_temperature_outside_the_supported_range_is_dropped() -> None:

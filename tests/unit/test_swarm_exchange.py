@@ -165,7 +165,7 @@ def _bad_completion(group, **changes):
         ("out_of_vocab", "token_out_of_vocab"),
         ("wrong_sender", "sender_mismatch"),
         ("wrong_swarm", "wrong_swarm"),
-        ("stale", "stale"),
+        ("older_than_its_entry", "index_mismatch"),  # a time its index contradicts: a lie, never `stale`
         ("status_not_group", "wrong_type"),
         ("too_long", "too_many_tokens"),
     ],
@@ -182,7 +182,7 @@ def test_bad_groups_are_dropped_by_reason(swarm: MemorySwarm, case: str, reason:
         "out_of_vocab": lambda: codec.encode(_bad_completion(g, token_ids=ids + 60_000)),
         "wrong_sender": lambda: codec.encode(dataclasses.replace(g, sender="honest-peer")),
         "wrong_swarm": lambda: codec.encode(dataclasses.replace(g, swarm_id="other")),
-        "stale": lambda: codec.encode(dataclasses.replace(g, created_at=T0 - 10 * WINDOW_S)),
+        "older_than_its_entry": lambda: codec.encode(dataclasses.replace(g, created_at=T0 - 10 * WINDOW_S)),
         "status_not_group": lambda: codec.encode(NodeStatus(peer_id="M", role="trainer", model_id="m", step=1,
                                                             timestamp=T0)),
         "too_long": lambda: codec.encode(dataclasses.replace(
