@@ -17,10 +17,16 @@ against the node's own copy of the prompt set, the sender's logprobs when this n
 the group declares (`swarm_node.peers.spotcheck`: `logprob_mismatch`), and the reward, always recomputed.
 
 A group from another tokenizer (its fingerprint differs) is taken when `swarm.cross_tokenizer` is on
-(the default) and it carries every completion's text and piece byte lengths: it is converted to this
-node's tokens first (`swarm_node.peers.crosstok_receive`; a completion that does not round-trip drops the
-whole group, counted by reason), its rewards are computed from the texts, and its samples carry
-chunk ids (F-TIS per chunk of aligned text). Otherwise it is dropped (`tokenizer_mismatch`).
+(the default) and it carries every completion's text and piece byte lengths: where this node holds
+the sender's tokenizer (a spot-check reference of that fingerprint) the texts must be what it makes
+of the tokens (`text_token_mismatch`, blamed), then the group is converted to this node's tokens
+(`swarm_node.peers.crosstok_receive`; a completion that does not round-trip drops the whole group,
+counted by reason), its rewards are computed from the texts, and its samples carry chunk ids (F-TIS
+per chunk of aligned text). Otherwise it is dropped (`tokenizer_mismatch`).
+
+The exchange counted every group it returns as taken in the sender's reputation; one dropped here
+before training is withdrawn and is a miss of its sender (`Admission.untake`: the slot it held
+was used for nothing), unless the reason is this node's own budget.
 """
 
 from __future__ import annotations
@@ -38,7 +44,14 @@ import numpy as np
 
 from protocol import keys
 from protocol.messages import PromptRef, RolloutGroup
-from swarm_node.peers.crosstok_receive import ReceivedGroup, receive_group, train_samples
+from swarm_node.peers.crosstok_receive import (
+    DROP_TEXT_TOKEN_MISMATCH,
+    ReceivedGroup,
+    held_tokenizer,
+    receive_group,
+    texts_match_tokens,
+    train_samples,
+)
 from swarm_node.node.parts import NodeParts, SpotSession
 from swarm_node.policy.types import TrainSample
 from swarm_node.peers.spotcheck import LOGPROB_MISMATCH
@@ -151,14 +164,19 @@ def blame(parts: NodeParts, sender: str, record_id: str, reason: str, *, tokeniz
             parts.ledger.record_group(sender, reason, tokenizer)
     if parts.admission is not None:
         parts.admission.record(sender, reason)
+        if not late:  # taken by the exchange in this gather: the take is withdrawn
+            parts.admission.untake(sender, reason)
     if parts.rejects is not None and record_id:
         parts.rejects.add(record_id, reason)
 
 
 def _record(parts: NodeParts, group: RolloutGroup, reason: str | None) -> None:
-    """A group's fate in the peer ledger: taken (None) or dropped for a reason that is no fault."""
+    """A group's fate in the peer ledger: taken (None) or dropped for a reason that is no fault (the
+    exchange's take of it withdrawn: `Admission.untake`)."""
     if parts.ledger is not None:
         parts.ledger.record_group(group.sender, reason, group.tokenizer_fingerprint)
+    if reason is not None and parts.admission is not None:
+        parts.admission.untake(group.sender, reason)
 
 
 def _known_problem(parts: NodeParts, ref: PromptRef) -> Problem | None:
@@ -251,6 +269,10 @@ def peer_samples(parts: NodeParts, groups: Sequence[RolloutGroup], max_groups: i
             continue
         received = None
         if group.tokenizer_fingerprint != parts.policy.fingerprint:  # accepted by _group_reason: convert it
+            if not _text_bound(parts, group, verifier):
+                drops[DROP_TEXT_TOKEN_MISMATCH] += 1
+                blame(parts, group.sender, record_id, DROP_TEXT_TOKEN_MISMATCH, tokenizer=group.tokenizer_fingerprint)
+                continue
             received, reason = _receive_foreign(parts, group, verifier)
             batch.crosstok_tokens += received.own_tokens if received is not None else 0
             if reason is not None:
@@ -339,6 +361,20 @@ def _receive_foreign(parts: NodeParts, group: RolloutGroup, verifier: PeerVerifi
     if extra > 0 and parts.admission is not None and not parts.admission.charge_tokens(extra):
         return received, OVER_TOKEN_BUDGET
     return received, None
+
+
+def _text_bound(parts: NodeParts, group: RolloutGroup, verifier: PeerVerifier) -> bool:
+    """False when this node holds the sender's tokenizer (a spot-check reference of the group's
+    fingerprint) and some completion's text is not what it makes of the tokens; True otherwise
+    (checked and bound, or not checkable). The time counts in the verification budget."""
+    references = getattr(parts.spot_checker, "references", ())  # spotcheck.SpotChecker's references
+    tokenizer = held_tokenizer(references, group.tokenizer_fingerprint)
+    if tokenizer is None:
+        return True
+    start = time.monotonic()
+    bound = texts_match_tokens(tokenizer, group.completions)
+    verifier.charge(group.sender, time.monotonic() - start)
+    return bound
 
 
 def _cross_tokenizer(parts: NodeParts, group: RolloutGroup) -> bool:

@@ -20,23 +20,36 @@ A group is used whole or not at all (`receive_group`): a dropped completion woul
 advantages. The work done is this node's tokenization of the text: `own_tokens` counts it, for the
 per-step peer budgets. A receiver converts a group first (cheap, and it may drop the group), then
 computes the rewards from the completions' texts, then makes the samples (`train_samples`).
+
+Text bound to tokens. The receiver trains on the text, while a spot-check can only test the tokens
+and logprobs: a sender could send tokens that decode to "x = 7" with the text "x = 42". Where this
+node holds the sender's tokenizer (`held_tokenizer`: a spot-check reference of the group's
+fingerprint, `swarm.spot_check.reference_models`), it checks first that every completion's text is
+what that tokenizer makes of its tokens (`text_matches_tokens`: the decoding without special
+tokens, and for a byte-level tokenizer each token's byte count), and a group where one is not is
+dropped as `text_token_mismatch`, a fault of its sender. Where it does not hold it, nothing binds
+the text to the tokens: a lying text is trained on like any other, within the bound of every peer
+sample (docs/method.md, "What a hostile peer can do": weights at most C, the KL filter, fair
+sampling).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from swarm_node.method.crosstok import AlignmentError, align, chunk_logprobs, last_token_shares
+from swarm_node.policy.pieces import piece_table
 from swarm_node.policy.types import TrainSample
 
 DROP_NO_TEXT = "no_text"
 DROP_PIECE_BYTES = "piece_bytes"
 DROP_TEXT_ROUNDTRIP = "text_roundtrip"
 DROP_TEXT_TOO_LONG = "text_too_long"
+DROP_TEXT_TOKEN_MISMATCH = "text_token_mismatch"  # a text its sender's tokenizer does not make of its tokens
 
 
 class ForeignCompletion(Protocol):
@@ -53,6 +66,46 @@ class ForeignCompletion(Protocol):
 
     @property
     def finish_reason(self) -> str: ...
+
+
+class TokenizerHolder(Protocol):
+    """A tokenizer this node holds and the fingerprint it has (`spotcheck.Reference`)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+def held_tokenizer(holders: Iterable[TokenizerHolder], fingerprint: str) -> Any | None:
+    """The tokenizer of `fingerprint` among `holders`, None when this node holds none."""
+    return next((h.tokenizer for h in holders if h.fingerprint == fingerprint), None)
+
+
+def text_matches_tokens(tokenizer: Any, token_ids: Sequence[int] | np.ndarray, text: str,
+                        piece_bytes: Sequence[int] | np.ndarray) -> bool:
+    """Whether `text` is what `tokenizer` (the sender's) makes of `token_ids`: their decoding without
+    special tokens (what an honest sender sends: `policy.pieces.completion_text`), and for a
+    byte-level tokenizer `piece_bytes` each token's raw byte count (0 for special tokens). A token id
+    beyond the tokenizer's vocabulary matches nothing. O(tokens)."""
+    ids = [int(i) for i in token_ids]
+    if any(not 0 <= i < len(tokenizer) for i in ids):
+        return False
+    if tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False) != text:
+        return False
+    table = piece_table(tokenizer)
+    if table.raw is None:  # pieces from decoded prefixes: O(tokens^2), not checked here
+        return True
+    if any(i >= len(table.raw) and i not in table.special for i in ids):
+        return False
+    pieces = [0 if i in table.special else len(table.raw[i]) for i in ids]
+    return pieces == [int(n) for n in piece_bytes]
+
+
+def texts_match_tokens(tokenizer: Any, completions: Sequence[Any]) -> bool:
+    """`text_matches_tokens` for every completion of a group (wire `Completion`s)."""
+    return all(text_matches_tokens(tokenizer, c.token_ids, c.text, c.piece_bytes) for c in completions)
 
 
 @dataclass(frozen=True)
