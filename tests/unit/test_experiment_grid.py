@@ -254,3 +254,22 @@ def test_swarm_mode_runs_an_arm_as_real_processes(spec, tmp_path):
         steps = [json.loads(line)["step"] for line in (run / node / "metrics.jsonl").read_text().splitlines()]
         assert steps == [1.0, 2.0, 3.0, 4.0]
     assert "| f-tis | a |" in (out / "summary.md").read_text()
+
+
+def test_arm_peer_lag_delivers_groups_older_than_the_record_ttl(spec, tmp_path):
+    """An arm's own peer_lag: peers' groups arrive `lag` steps late and are still taken, even when the lag
+    outlasts the file's record TTL (node_config raises the TTL and the staleness bound to admit them)."""
+    from swarm_node.experiment.spec import ArmSpec
+
+    spec.experiment.seeds = [0]
+    spec.experiment.steps = spec.eval.every = 4
+    spec.defaults.setdefault("swarm", {})["record_ttl_s"] = 40.0  # 30-s windows: a record lives ~1 step
+    spec.arms.append(ArmSpec(name="f-tis-lag2", correction="tis", filter="on", peer_lag=2))
+    assert spec.peer_lag(spec.arms[-1]) == 2 and spec.peer_lag(spec.arms[1]) == 0
+    out = tmp_path / "out"
+    run_grid(spec, out, arms=["f-tis-lag2"])
+    for node in ("a", "b"):
+        log = _stable(out / f"runs/all/f-tis-lag2/seed0/{node}/metrics.jsonl")
+        taken = [r.get("peer_groups", 0.0) for r in log]
+        assert taken[:2] == [0.0, 0.0] and sum(taken[2:]) > 0, (node, taken)  # none before step 3, then some
+    assert "| f-tis-lag2 | 2 | a |" in (out / "summary.md").read_text()  # the weights table names the lag
