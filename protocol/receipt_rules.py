@@ -49,7 +49,7 @@ DROP_REASONS: frozenset[str] = frozenset({
     "window_slot_overused",
     # the node's own checks (node/peer_rollouts.py, peers/, tasks/verify.py)
     "unknown_prompt", "over_peer_cap", "own_group", "rejected_before", "nonfinite_step", "no_text",
-    "piece_bytes", "text_roundtrip", "logprob_mismatch", "verifier_timeout", "verify_budget",
+    "piece_bytes", "text_roundtrip", "text_token_mismatch", "logprob_mismatch", "verifier_timeout", "verify_budget",
 })
 
 

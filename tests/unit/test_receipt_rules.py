@@ -106,7 +106,8 @@ def test_every_reason_the_node_drops_peer_data_for_is_on_the_list() -> None:
                "swarm_node.swarm.binding", "swarm_node.swarm.admission", "swarm_node.swarm.gather_book",
                "swarm_node.node.peer_rollouts", "swarm_node.peers.crosstok_receive", "swarm_node.peers.spotcheck",
                "swarm_node.tasks.verify"]
-    not_reasons = {"horizontal", "checked", "unchecked", "over_budget"}  # a sender's name, spot-check outcomes
+    # not drop reasons: a sender's name (binding), spot-check outcomes, the tiers of fair sampling
+    not_reasons = {"horizontal", "checked", "unchecked", "over_budget", "own", "newcomer", "probe"}
     found = set(v.GROUP_REASONS)
     for name in modules:
         module = importlib.import_module(name)
