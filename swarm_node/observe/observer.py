@@ -74,11 +74,13 @@ class SwarmStatusSource:
 
 
 def read_and_remember(exchange: Any, timeout: float) -> list[Any]:
-    """Status records of live peers; their published addresses become re-dial candidates."""
+    """Status records of live peers; the addresses each publishes of itself become re-dial candidates."""
+    from swarm_node.swarm.membership import own_maddrs
+
     statuses = list(exchange.read_statuses(timeout=timeout))
     membership = getattr(exchange.transport, "membership", None)
     if membership is not None:
-        membership.remember([a for st in statuses for a in st.maddrs])
+        membership.remember([a for st in statuses for a in own_maddrs(st.peer_id, st.maddrs)])
     return statuses
 
 

@@ -64,6 +64,14 @@ def split_peer_maddr(maddr: str) -> tuple[str, str] | None:
     return peer, head
 
 
+def own_maddrs(peer_id: str, maddrs: Sequence[str], limit: int = 8) -> list[str]:
+    """The addresses of a peer's status record that lead to that peer (`.../p2p/<peer_id>`), at most
+    `limit`: a record vouches for its own addresses only, so a flood of records cannot fill a
+    keeper's re-dial candidates with other hosts' addresses (or make it dial them)."""
+    own = [m for m in maddrs if (split := split_peer_maddr(m)) is not None and split[0] == peer_id]
+    return own[:limit]
+
+
 @dataclass
 class KeeperStats:
     redials: int = 0  # re-dial rounds run

@@ -209,3 +209,31 @@ def test_status_rows_and_table_carry_the_alone_warning():
     console.print(render_table(list(rows.values()), now=110.0))
     text = console.export_text()
     assert "warning: QmAlone" in text and "alone for 5 steps" in text and "QmFine" not in text.split("warning:")[1]
+
+
+def test_a_flood_of_status_records_cannot_fill_an_observers_redial_candidates_with_other_hosts() -> None:
+    """`status --watch` and the dashboard remember the addresses status records publish: each record
+    only its own (`own_maddrs`), so Sybil records listing other hosts' addresses change nothing."""
+    from swarm_node.observe.observer import read_and_remember
+    from swarm_node.swarm.exchange import RolloutExchange
+    from swarm_node.swarm.membership import own_maddrs
+    from protocol import codec, keys
+    from protocol.messages import NodeStatus
+
+    assert own_maddrs(P1, [f"/ip4/10.0.0.1/tcp/1/p2p/{P1}", f"/ip4/10.0.0.2/tcp/1/p2p/{P2}", "/ip4/1.2.3.4/tcp/1"]) == [
+        f"/ip4/10.0.0.1/tcp/1/p2p/{P1}"]
+    swarm = MemorySwarm()
+    honest = MemoryTransport(swarm, peer_id=P1)
+    records = [(honest, (f"/ip4/10.0.0.1/tcp/1/p2p/{P1}",))]
+    for i in range(20):  # Sybils pointing the observer at a victim's address, 32 at a time
+        records.append((MemoryTransport(swarm, peer_id=f"QmSybil{i}"),
+                        tuple(f"/ip4/203.0.113.{j}/tcp/80/p2p/QmVictim{j}" for j in range(32))))
+    for t, maddrs in records:
+        st = NodeStatus(peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time(), maddrs=maddrs)
+        assert t.store_owned(keys.status_key("s"), codec.encode(st), t.dht_time() + 60)
+    clock, dialer = Clock(0.0), FakeDialer()
+    observer = MemoryTransport(swarm, peer_id=ME)
+    observer.membership = keeper(dialer, clock, max_known=8)
+    read_and_remember(RolloutExchange(observer, "s", vocab_size=1), timeout=1.0)
+    candidates = dict(observer.membership.candidates())
+    assert not any(p.startswith("QmVictim") for p in candidates) and candidates[P1] == ["/ip4/10.0.0.1/tcp/1"]
