@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from transformers import GenerationConfig as HFGenerationConfig
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from swarm_node.config import GenerationConfig
@@ -91,10 +90,12 @@ class HFGenerator:
         self.stop_ids = policy.stop_token_ids
         self.pad_id = policy.pad_token_id
         self._rng = torch.Generator().manual_seed(int(seed))
-        self._hf_cfg = HFGenerationConfig(
+        # the node's sampling settings, every other one neutral; the model's generation_config.json is
+        # kept out of `generate` (hf_greedy.fresh_generation_config): logprobs are those of the tempered
+        # distribution the trainer scores, whatever the model ships
+        self._hf_cfg = hf_greedy.pinned_config(
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=0, max_new_tokens=cfg.max_new_tokens,
-            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, repetition_penalty=1.0, num_beams=1,
-            bos_token_id=None, use_cache=True,
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
         )
 
     # ---- types.Generator ----------------------------------------------------------------------
@@ -157,7 +158,7 @@ class HFGenerator:
         self.model.eval()
         # the trainer's compute dtype: the logprobs recorded are the ones the trainer scores
         try:
-            with autocast(device, self.policy.compute_dtype):
+            with autocast(device, self.policy.compute_dtype), hf_greedy.fresh_generation_config(self.model):
                 input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
                 cache = self._prompt_cache(input_ids, attention_mask) if self.share_prompts else None
                 sequences = self.model.generate(

@@ -8,20 +8,63 @@ completions are those of the plain left-padded batch up to floating-point summat
 completion ends at the first stop token (kept, finish 'stop') or after `max_new_tokens` tokens
 (finish 'length'); the stop set is the caller's (`Policy.stop_token_ids`, the one rule of
 sampling, evaluation and scoring).
+
+One greedy on every backend: transformers fills each generation setting a call leaves unset (None)
+from the model's own `generation_config.json` (a repetition penalty, `no_repeat_ngram_size`, suppressed
+tokens, stop strings: Qwen2.5 Instruct models ship a repetition penalty above 1), so `generate` here
+runs with a fresh `GenerationConfig` in the model's place (`fresh_generation_config`) and the node's
+own settings (`pinned_config`): every logits processor off, the greedy completion is plain argmax
+decoding, as vLLM's greedy with explicit `SamplingParams` on an engine that ignores the model's
+generation config (`vllm_engine.engine_kwargs`). The sampling generator (`generation.HFGenerator`)
+runs under the same rule.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+from transformers import GenerationConfig as HFGenerationConfig
 
 from swarm_node.policy.types import GreedyCompletion
 
 ROUND_BATCHES = 8  # batches per greedy generator call in evaluation: the progress bar's unit (vLLM schedules a call's prompts together)
 MIN_SHARED_PREFIX = 16  # shorter common prefixes are not worth a second forward pass
+
+
+# Every generation setting that turns on a logits processor or a stopping rule, at the value that turns
+# it off (transformers 5.19's `_get_logits_processor` and stopping criteria): what the node does not choose.
+NEUTRAL_SETTINGS: dict[str, Any] = {
+    "num_beams": 1, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None, "bad_words_ids": None,
+    "sequence_bias": None, "suppress_tokens": None, "begin_suppress_tokens": None, "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "renormalize_logits": False,
+    "remove_invalid_values": False, "guidance_scale": None, "watermarking_config": None, "stop_strings": None,
+    "max_time": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_p": None,
+    "bos_token_id": None, "use_cache": True,
+}
+
+
+def pinned_config(**chosen: Any) -> HFGenerationConfig:
+    """A fresh GenerationConfig: the node's `chosen` settings, every other one at NEUTRAL_SETTINGS."""
+    return HFGenerationConfig(**{**NEUTRAL_SETTINGS, **chosen})
+
+
+@contextlib.contextmanager
+def fresh_generation_config(model: Any) -> Iterator[None]:
+    """While the block runs, the model's `generation_config` (from its generation_config.json) is a
+    fresh one, so transformers fills unset settings from its global defaults, never from the model's
+    file (`GenerationMixin._prepare_generation_config`). A peft model generates through its base."""
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = target.generation_config
+    target.generation_config = HFGenerationConfig()
+    try:
+        yield
+    finally:
+        target.generation_config = saved
 
 
 def trim_completion(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[list[int], bool]:
@@ -82,10 +125,10 @@ def greedy_batch(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: i
         cache = model(input_ids=ids[:1, :shared].to(device), use_cache=True).past_key_values  # [1, P] keys/values
         cache.batch_repeat_interleave(len(prompts))
         kwargs["past_key_values"] = cache
-    out = model.generate(
-        input_ids=ids.to(device), attention_mask=mask.to(device), do_sample=False, max_new_tokens=max_new_tokens,
-        eos_token_id=stops, pad_token_id=pad_id, temperature=None, top_p=None, top_k=None, **kwargs,
-    )  # [B, L + T']
+    config = pinned_config(do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stops, pad_token_id=pad_id)
+    with fresh_generation_config(model):
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                             **kwargs)  # [B, L + T']
     completions = []
     for row in out[:, ids.shape[1]:].tolist():
         tokens, stopped = trim_completion(row, stops)

@@ -159,6 +159,7 @@ def engine_kwargs(policy: Policy, cfg: GenerationConfig, seed: int, demand: Engi
         "seed": seed,
         "enforce_eager": enforce_eager(cfg, device),
         "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",  # the model's generation_config.json sets no default of any request
         "max_model_len": limits.max_model_len,
         "max_num_seqs": limits.max_num_seqs,
         "max_num_batched_tokens": limits.max_num_batched_tokens,

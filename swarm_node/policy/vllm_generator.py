@@ -14,7 +14,12 @@ it), so a weight sync is an in-memory copy rather than a restart:
 The engine's arguments (dtype, CUDA graphs, length and batch limits from the node's caps, the
 node's GPU) come from `vllm_engine.engine_kwargs`. With `generation.vllm_sleep` on a CUDA device
 the engine sleeps (level 1) after each call and wakes before the next call or a weight sync.
-`greedy` (held-out evaluation) decodes at temperature 0 with the same stop tokens.
+`greedy` (held-out evaluation) decodes at temperature 0 with the same stop tokens. Every sampling
+setting the node does not choose is pinned in each request (`NEUTRAL_SAMPLING`: no penalties, no top-k
+or min-p) and the engine loads no generation config of the model (`generation_config="vllm"` in
+`vllm_engine.engine_kwargs`), as the hf backend keeps the model's generation_config.json out of
+`generate` (`greedy.fresh_generation_config`): held-out accuracy does not depend on which backend
+`auto` picked.
 
 Logprobs come from vLLM's `processed_logprobs` mode: log-softmax of the logits after temperature,
 i.e. the distribution the token was sampled from and the one the trainer scores (the same
@@ -55,6 +60,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
+# SamplingParams the node does not choose, at the values that turn them off (vLLM 0.32)
+NEUTRAL_SAMPLING: dict[str, Any] = {"top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                                    "frequency_penalty": 0.0, "min_tokens": 0, "ignore_eos": False}
 
 
 def request_seed(seed: int, call: int, prompt: int) -> int:
@@ -222,6 +230,7 @@ class VLLMGenerator:
             seed=seed,
             stop_token_ids=self.stop_ids,
             detokenize=False,
+            **NEUTRAL_SAMPLING,
         )
 
     def _run(self, prompts: list[list[int]], params: Any) -> list[Any]:
@@ -262,8 +271,8 @@ class VLLMGenerator:
             raise ValueError(f"a {longest}-token prompt plus {max_new_tokens} new tokens exceeds the vLLM engine's "
                              f"max_model_len={self.max_model_len} (generation.max_prompt_tokens + the longest "
                              "completion it was sized for)")
-        params = self._vllm.SamplingParams(n=1, temperature=0.0, max_tokens=max_new_tokens,
-                                           stop_token_ids=self.stop_ids, detokenize=False)
+        params = self._vllm.SamplingParams(n=1, temperature=0.0, top_p=1.0, max_tokens=max_new_tokens,
+                                           stop_token_ids=self.stop_ids, detokenize=False, **NEUTRAL_SAMPLING)
         return [to_greedy(request.outputs[0]) for request in self._run(prompts, params)]
 
     def sync_weights(self, model: object) -> None:

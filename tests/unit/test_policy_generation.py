@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,6 +215,56 @@ def test_greedy_is_the_argmax_continuation_and_leaves_sampling_alone(policy: Pol
             expected.append(int(logits.argmax()))
         assert completion.token_ids.tolist() == expected
         assert completion.finish_reason == ("stop" if expected[-1] in stops else "length")
+
+
+# Settings a model's generation_config.json may carry that the node does not choose (Qwen2.5 Instruct
+# models ship a repetition penalty above 1 and top-k; this one adds a no-repeat n-gram rule).
+SHIPPED = {"repetition_penalty": 1.5, "top_k": 5, "temperature": 0.3, "no_repeat_ngram_size": 2, "do_sample": True}
+
+
+def with_generation_config(src: Path, dst: Path, settings: dict) -> Path:
+    """A copy of the model directory `src` whose generation_config.json also sets `settings`."""
+    shutil.copytree(src, dst)
+    path = dst / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **settings}))
+    return dst
+
+
+def argmax_decode(model, prompt: list[int], max_new: int, stops: set[int]) -> list[int]:
+    """Plain greedy decoding: the argmax of a full forward pass's last logits, token by token."""
+    out: list[int] = []
+    while len(out) < max_new and not (out and out[-1] in stops):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([list(prompt) + out])).logits[0, -1]
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def shipped(policy: Policy, tmp_path_factory: pytest.TempPathFactory) -> Policy:
+    """The module's tiny model saved with a generation_config.json that sets SHIPPED."""
+    where = with_generation_config(policy.local_path, tmp_path_factory.mktemp("shipped") / "model", SHIPPED)
+    return load_policy(ModelConfig(name=str(where), device="cpu"))
+
+
+def test_greedy_ignores_the_models_generation_config(shipped: Policy, prompts: list[list[int]]) -> None:
+    assert shipped.model.generation_config.repetition_penalty == 1.5  # what transformers would apply
+    stops = set(shipped.stop_token_ids)
+    expected = [argmax_decode(shipped.model, p, 16, stops) for p in prompts]
+    with torch.no_grad():  # what `generate` does when a call leaves the settings to the model's file
+        ids = torch.tensor([prompts[0]])
+        by_file = shipped.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                         max_new_tokens=16, pad_token_id=shipped.pad_token_id)[0, ids.shape[1]:]
+    assert by_file.tolist()[:len(expected[0])] != expected[0]  # the shipped settings change greedy decoding
+    got = HFGenerator(shipped, gen_cfg()).greedy(prompts, 16, batch_size=2)
+    assert [c.token_ids.tolist() for c in got] == expected
+    assert shipped.model.generation_config.repetition_penalty == 1.5  # the model's own config is left as it was
+
+
+def test_sampling_ignores_the_models_generation_config(shipped: Policy, prompts: list[list[int]]) -> None:
+    out = HFGenerator(shipped, gen_cfg(temperature=0.8)).generate(prompts, n=4)
+    for trainer_lp, generator_lp in scored(shipped, prompts, out, 0.8):  # ratio 1: the tempered distribution only
+        np.testing.assert_allclose(generator_lp, trainer_lp, atol=2e-5)
 
 
 def test_prompts_over_the_cap_are_refused(policy: Policy, prompts: list[list[int]]) -> None:

@@ -119,6 +119,11 @@ def test_without_sleep_the_engine_stays_awake_and_greedy_is_temperature_zero(fak
     assert FakeLLM.calls[0] == ("reload", [torch.float32])
     assert seen[0]["temperature"] == 0.0 and seen[0]["max_tokens"] == 5 and seen[0]["stop_token_ids"] == [2, 7]
     assert seen[1]["temperature"] == 1.0 and seen[1]["n"] == 2 and seen[1]["logprobs"] == 0
+    # one greedy on every backend: nothing left for the model's generation config to set
+    assert FakeLLM.kwargs["generation_config"] == "vllm"
+    for params in seen:
+        assert (params["repetition_penalty"], params["top_k"], params["min_p"], params["presence_penalty"],
+                params["frequency_penalty"]) == (1.0, 0, 0.0, 0.0, 0.0)
 
 
 def test_sleep_is_refused_quietly_where_vllm_lacks_it_and_another_gpu_is_refused(fake_vllm, caplog) -> None:

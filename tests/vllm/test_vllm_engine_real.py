@@ -18,6 +18,7 @@ from swarm_node.policy.generation import HFGenerator  # noqa: E402
 from swarm_node.policy.vllm_engine import BATCHED_TOKENS, EngineDemand  # noqa: E402
 from swarm_node.tasks import Problem, PromptSet, render_prompt  # noqa: E402
 from swarm_node.tasks.rewards import CorrectnessReward  # noqa: E402
+from tests.unit.test_policy_generation import SHIPPED, argmax_decode, with_generation_config  # noqa: E402
 from tests.vllm.test_vllm_generator import adam_step, max_logprob_gap, prompts_of  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -106,6 +107,24 @@ def test_greedy_equals_the_hf_backends_before_and_after_a_sync(make_policy, make
           f"sync; {moved} completions changed by the step")
     assert before == (len(prompts), len(prompts)) and after == (len(prompts), len(prompts))
     assert moved >= 1  # the engine decodes with the new weights
+
+
+def test_greedy_ignores_the_models_generation_config_on_both_backends(make_policy, make_generator, tmp_path) -> None:
+    """A model saved with a generation_config.json that sets a repetition penalty, top-k and a
+    temperature (and a no-repeat n-gram rule): vLLM's greedy, the hf backend's greedy and plain argmax
+    decoding give the same completions."""
+    from swarm_node.config import ModelConfig
+    from swarm_node.policy.models import load_policy
+
+    where = with_generation_config(make_policy().local_path, tmp_path / "shipped", SHIPPED)
+    policy = load_policy(ModelConfig(name=str(where), device="cpu", compute_dtype="float32"))
+    assert policy.model.generation_config.repetition_penalty == SHIPPED["repetition_penalty"]
+    prompts = chat_prompts(policy)
+    stops = set(policy.stop_token_ids)
+    expected = [argmax_decode(policy.model, p, 16, stops) for p in prompts]
+    hf = [c.token_ids.tolist() for c in HFGenerator(policy, GenerationConfig()).greedy(prompts, 16, batch_size=2)]
+    vl = [c.token_ids.tolist() for c in make_generator(policy).greedy(prompts, 16, batch_size=2)]
+    assert hf == expected and vl == expected
 
 
 def test_evaluation_through_vllm_equals_evaluation_through_hf(make_policy, make_generator) -> None:
