@@ -114,7 +114,7 @@ def main() -> None:
                         for _p, prompt, g in groups:
                             picked = sample_positions([len(c.token_ids) for c in g.completions], len(prompt),
                                                       args.positions, args.completions, 1 << 30, rng)
-                            declared, ours = recompute(ref.model, prompt, g, picked)
+                            declared, ours = recompute(ref.model, prompt, g, picked, ref.compute_dtype)
                             values.append(mismatch(declared, ours))
                             d = np.asarray(declared)  # the same positions, forged: detected when over the tolerance
                             for kind, fake in (("amplify_c", d - np.log(2.0)), ("amplify_1.5", d - np.log(1.5)),

@@ -28,7 +28,8 @@ class SpotCheckConfig(BaseModel):
                     "directory, a hub id, smollm2-135m, a tiny-random spec). A peer group declaring one of them "
                     "(same id, revision, no adapter) is checked.")
     reference_dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="dtype the reference models are loaded in.")
+        "float32", description="dtype the reference models (on the CPU) are stored and compute in; this node's own "
+                               "model checks in its model.compute_dtype.")
     positions: int = Field(8, ge=1, le=256, description="Token positions checked per group (spread over "
                                                         "`completions` completions drawn at random).")
     completions: int = Field(2, ge=1, le=64, description="Completions of a group the positions are drawn from.")

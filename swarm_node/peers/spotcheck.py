@@ -52,6 +52,16 @@ SmolLM2 checks, all 1,280 vLLM checks of the random tiny models, 0 of the warmed
 weight (pi_theta / 1 <= 1), it does not amplify. bfloat16 on GPUs and larger models may stray
 further: measure with this benchmark before tightening the tolerance.
 
+Precision and memory. A reference scores in its own compute dtype (`Reference.compute_dtype`): this
+node's model in the node's (bf16 autocast on a GPU), a listed reference in
+`swarm.spot_check.reference_dtype` (weights stored and computed in it, on the CPU). Logprobs are float32
+from logits read a chunk of rows at a time (`scoring.sampled_logprobs`), so a check of r completion
+prefixes of T tokens holds [r, T, V] logits in the compute dtype and no float32 copy of them; the
+node's memory plan counts that pass (`memory.spot_check_parts`, in the generation phase it overlaps).
+The tolerance table above was measured with references scoring in float32 (the "bfloat16" rechecks
+loaded bf16 compute over float32 weights and were scored without autocast): a bf16 reference's own
+noise is to be re-measured with benchmarks/spotcheck_tolerance.py before the tolerance is tightened.
+
 What bounds a liar whose model this node cannot load: only the F-TIS weight cap C and the KL /
 advantage filter (objective.py). A forged logprob moves a token's weight min(pi_theta / pi_gen, C)
 anywhere in [0, C], never above, so a forged group's gradient weight per token is at most C times
@@ -136,6 +146,7 @@ class Reference:
     adapter_digest: str
     fingerprint: str
     active: Callable[[], bool] = lambda: True  # the own model is a reference only while untrained
+    compute_dtype: torch.dtype = torch.float32  # the dtype its forward passes run in (autocast; float32: none)
 
     def matches(self, group: RolloutGroup) -> bool:
         return (self.active() and group.model_id == self.model_id and group.model_revision == self.revision
@@ -146,7 +157,8 @@ def own_reference(policy: Any) -> Reference:
     """This node's model as a reference while it is untrained (`Policy.trained`)."""
     return Reference(model=policy.model, tokenizer=policy.tokenizer, model_id=policy.model_id,
                      revision=policy.revision or "", adapter_digest=policy.adapter_digest,
-                     fingerprint=policy.fingerprint, active=lambda: not policy.trained)
+                     fingerprint=policy.fingerprint, active=lambda: not policy.trained,
+                     compute_dtype=policy.compute_dtype)
 
 
 def policy_reference(policy: Any) -> Reference:
@@ -155,7 +167,8 @@ def policy_reference(policy: Any) -> Reference:
         p.requires_grad_(False)
     policy.model.eval()
     return Reference(model=policy.model, tokenizer=policy.tokenizer, model_id=policy.model_id,
-                     revision=policy.revision or "", adapter_digest="", fingerprint=policy.fingerprint)
+                     revision=policy.revision or "", adapter_digest="", fingerprint=policy.fingerprint,
+                     compute_dtype=policy.compute_dtype)
 
 
 Render = Callable[[Any, Problem], Sequence[int]]  # (tokenizer, problem) -> prompt token ids
@@ -195,7 +208,7 @@ class SpotSession:
         if not picked:
             self.counts[OVER_BUDGET] += 1
             return None
-        value = group_mismatch(ref.model, prompt, group, picked)
+        value = group_mismatch(ref.model, prompt, group, picked, ref.compute_dtype)
         self.tokens += check_cost(picked, len(prompt))
         self.seconds += time.monotonic() - start
         self.counts[CHECKED] += 1
@@ -212,16 +225,18 @@ class SpotSession:
                 m.SPOT_TOKENS: float(self.tokens)}
 
 
-def recompute(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: dict[int, list[int]]
-              ) -> tuple[list[float], list[float]]:
-    """(declared, recomputed) logprobs at the picked positions, at the group's declared temperature."""
+def recompute(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: dict[int, list[int]],
+              compute_dtype: torch.dtype = torch.float32) -> tuple[list[float], list[float]]:
+    """(declared, recomputed) logprobs at the picked positions, at the group's declared temperature,
+    the model running under autocast to `compute_dtype` (float32: none)."""
     from swarm_node.policy.scoring import token_logprobs
 
     order = sorted(picked)
     prefixes = [np.asarray(group.completions[i].token_ids[: picked[i][-1] + 1], dtype=np.int64) for i in order]
     with torch.no_grad():
         scored = token_logprobs(model, [prompt] * len(order), [p.tolist() for p in prefixes],
-                                temperature=group.sampling.temperature, micro_batch_size=len(order))
+                                temperature=group.sampling.temperature, micro_batch_size=len(order),
+                                compute_dtype=compute_dtype)
     declared, ours = [], []
     for i, lp in zip(order, scored, strict=True):
         values = lp.float().cpu().numpy()
@@ -231,8 +246,9 @@ def recompute(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: di
     return declared, ours
 
 
-def group_mismatch(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: dict[int, list[int]]) -> float:
-    return mismatch(*recompute(model, prompt, group, picked))
+def group_mismatch(model: Any, prompt: Sequence[int], group: RolloutGroup, picked: dict[int, list[int]],
+                   compute_dtype: torch.dtype = torch.float32) -> float:
+    return mismatch(*recompute(model, prompt, group, picked, compute_dtype))
 
 
 class SpotChecker:
@@ -258,8 +274,16 @@ def build_spot_checker(cfg: Any, policy: Any, render: Render) -> SpotChecker | N
 
     refs = [own_reference(policy)]
     for name in sc.reference_models:
-        model_cfg = cfg.model.model_copy(update={"name": name, "revision": None, "device": "cpu",
-                                                 "dtype": sc.reference_dtype,
-                                                 "lora": cfg.model.lora.model_copy(update={"enabled": False})})
-        refs.append(policy_reference(load_policy(model_cfg)))
+        refs.append(policy_reference(load_policy(reference_model_config(cfg.model, name, sc.reference_dtype))))
     return SpotChecker(refs, render, sc)
+
+
+def reference_model_config(model: Any, name: str, dtype: str) -> Any:
+    """A listed reference's ModelConfig, validated: `name` on the CPU, no LoRA, its weights stored and
+    computed in `dtype` (frozen: no optimizer updates them), the node's cache."""
+    from swarm_node.config import ModelConfig
+
+    data = model.model_dump()
+    data.update(name=name, revision=None, device="cpu", compute_dtype=dtype, param_dtype=dtype,
+                lora={**data["lora"], "enabled": False})
+    return ModelConfig.model_validate(data)

@@ -105,6 +105,47 @@ def test_the_declared_temperature_is_the_one_recomputed() -> None:
         assert session.check(other, None) == LOGPROB_MISMATCH and session.mismatches[0] > 0.25
 
 
+def test_a_check_scores_in_its_references_compute_dtype(monkeypatch) -> None:
+    from swarm_node.policy import scoring
+
+    seen = []
+    real = scoring.token_logprobs
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("compute_dtype", torch.float32))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(scoring, "token_logprobs", spy)
+    group, prompt = sharp_group(1.0, 1.0)
+    for dtype in (torch.bfloat16, torch.float32):
+        ref = Reference(model=SharpLM(), tokenizer=None, model_id="m", revision="r", adapter_digest="", fingerprint="fp",
+                        compute_dtype=dtype)
+        session = SpotChecker([ref], lambda _tok, _problem: prompt, SpotCheckConfig()).session(0)
+        assert session.check(group, None) is None
+    assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_references_take_the_nodes_compute_dtype_and_reference_dtype(tmp_path) -> None:
+    """The own model checks in the node's compute dtype; a listed reference is stored and computes in
+    swarm.spot_check.reference_dtype (a validated ModelConfig: the setting is not dropped)."""
+    from swarm_node.config import NodeConfig
+    from swarm_node.peers.spotcheck import build_spot_checker
+    from swarm_node.policy.models import load_policy
+
+    cfg = NodeConfig.load(None, ['model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp_path}"', 'model.device="cpu"',
+                                 'model.compute_dtype="bfloat16"', 'swarm.spot_check.reference_models=["tiny-random:64x1:b"]',
+                                 'swarm.spot_check.reference_dtype="bfloat16"'])
+    policy = load_policy(cfg.model)
+    own, listed = build_spot_checker(cfg, policy, lambda _tok, _problem: [1, 2]).references
+    assert own.model is policy.model and own.compute_dtype == torch.bfloat16
+    assert listed.compute_dtype == torch.bfloat16 and {p.dtype for p in listed.model.parameters()} == {torch.bfloat16}
+    assert not any(p.requires_grad for p in listed.model.parameters())
+    fp32 = NodeConfig.load(None, ['model.name="tiny-random:64x1:a"', f'model.cache_dir="{tmp_path}"', 'model.device="cpu"',
+                                  'swarm.spot_check.reference_models=["tiny-random:64x1:b"]'])
+    listed = build_spot_checker(fp32, policy, lambda _tok, _problem: [1, 2]).references[1]
+    assert listed.compute_dtype == torch.float32 and {p.dtype for p in listed.model.parameters()} == {torch.float32}
+
+
 def test_unheld_models_are_unchecked_and_the_budget_bounds_the_work() -> None:
     group, prompt = sharp_group(1.0, 1.0)
     session = sharp_session(prompt)
