@@ -32,6 +32,7 @@ from swarm_node.policy.models import Policy
 from swarm_node.policy.precision import autocast
 from swarm_node.policy.scoring import distinct_rows
 from swarm_node.policy.types import GeneratedCompletion, Generator, GreedyCompletion, check_prompts
+from swarm_node.util.errors import InputError
 
 if TYPE_CHECKING:
     from swarm_node.policy.vllm_engine import EngineDemand
@@ -222,9 +223,12 @@ def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0, demand:
             return HFGenerator(policy, cfg, seed)
         try:
             generator = _vllm_generator(policy, cfg, seed, demand)
+        except InputError:
+            raise  # a setting the node refuses with vLLM (vllm_engine.lora_sync_problem): the user's to fix
         except Exception as e:  # noqa: BLE001  (any engine start failure: fall back, and say why)
             log.warning("generation backend: hf (auto: vLLM is installed but did not start: %s)",
                         " ".join(str(e).split())[:300])
+            _release_device_memory(policy.device)  # what the failed engine held (VLLMGenerator closed it)
             return HFGenerator(policy, cfg, seed)
         log.info("generation backend: vllm (auto: vLLM is installed and started)")
         return generator
@@ -233,6 +237,15 @@ def make_generator(policy: Policy, cfg: GenerationConfig, seed: int = 0, demand:
         log.info("generation backend: vllm (generation.backend=vllm)")
         return generator
     raise ValueError(f"unknown generation backend {cfg.backend!r}")
+
+
+def _release_device_memory(device: torch.device) -> None:
+    """Collect what a closed engine left referenced and give cached GPU blocks back to the device."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _vllm_generator(policy: Policy, cfg: GenerationConfig, seed: int, demand: EngineDemand | None) -> Generator:

@@ -25,6 +25,16 @@ process (an experiment's lockstep mode) share a GPU or run as separate processes
 Precision: the engine's dtype is `generation.dtype` (`auto`: bfloat16 on CUDA, float32 on CPU;
 `precision.resolve_dtype`), not the trainer's; weight syncs cast to it. CUDA graphs are on by
 default on GPUs (`generation.vllm_enforce_eager`; eager on CPU).
+
+LoRA's merged sync needs a float32 engine (`lora_sync_problem`). The engine would hold
+round_d(W + s B A) for a frozen base W: in bfloat16 each merged weight keeps 8 significant bits, so a
+delta below half an ulp (2^-9 of the weight's magnitude; float16: 2^-12) rounds away. An adapter's
+delta after one Adam step at lr eta is about eta x scaling x sum|A|: about 6e-7 at lr 5e-6 and rank 16,
+against half an ulp of about 6e-5 for a weight of 0.015, so a bf16 engine would sample from the base
+for on the order of a hundred steps while the trainer scores with the adapter (the rounding the config
+refuses for full fine-tuning in bf16). `adapter` sync (vLLM computes x A B beside the base) keeps
+the delta, so it is the only LoRA mode on 16-bit engines; the merge itself is done in float32
+(`vllm_generator.merged_named_weights`).
 """
 
 from __future__ import annotations
@@ -88,6 +98,19 @@ def engine_limits(cfg: GenerationConfig, demand: EngineDemand | None = None) -> 
 def engine_dtype(cfg: GenerationConfig, device: torch.device) -> torch.dtype:
     """The engine's weights and compute dtype (`generation.dtype`)."""
     return resolve_dtype(cfg.dtype, device)
+
+
+def lora_sync_problem(cfg: GenerationConfig, device: torch.device, is_lora: bool) -> str | None:
+    """Why this LoRA sync cannot keep the adapter (one sentence with the fix), or None (module docstring)."""
+    if not is_lora or cfg.vllm_lora_sync != "merged":
+        return None
+    dtype = engine_dtype(cfg, device)
+    if dtype == torch.float32:
+        return None
+    return (f"generation.vllm_lora_sync='merged' on a {dtype_name(dtype)} vLLM engine rounds each merged weight to "
+            f"{'8' if dtype == torch.bfloat16 else '11'} significant bits, which erases a LoRA adapter's small "
+            "updates (one step at lr 5e-6 changes a weight by ~6e-7, half an ulp is ~6e-5): set "
+            "generation.vllm_lora_sync='adapter' (or generation.dtype='float32' to keep merged syncs)")
 
 
 def enforce_eager(cfg: GenerationConfig, device: torch.device) -> bool:

@@ -52,8 +52,10 @@ from swarm_node.policy.vllm_engine import (
     engine_dtype,
     engine_kwargs,
     engine_limits,
+    lora_sync_problem,
     sleep_support,
 )
+from swarm_node.util.errors import InputError
 
 if TYPE_CHECKING:
     from swarm_node.policy.models import Policy
@@ -82,8 +84,9 @@ def hf_named_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 
 
 def merged_named_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """A peft LoRA model's weights under Hugging Face names, each adapted layer's weight merged
-    (base + B A * scaling, one layer's delta at a time); the model itself is left untouched."""
+    """A peft LoRA model's weights under Hugging Face names, each adapted layer's weight merged in
+    float32 (base + B A * scaling, one layer's delta at a time: a bf16 base plus a delta far below its
+    ulp would round back to the base); the model itself is left untouched."""
     from peft.tuners.lora import LoraLayer
 
     adapter = model.active_adapter
@@ -98,7 +101,7 @@ def merged_named_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         weight = param.detach()
         if name in adapted:
-            weight = weight + adapted[name].get_delta_weight(adapter)
+            weight = weight.float() + adapted[name].get_delta_weight(adapter).float()
         yield name.replace(".base_layer.", "."), weight
 
 
@@ -155,6 +158,9 @@ class VLLMGenerator:
     `demand`: the most one call asks of the engine (`vllm_engine.node_demand`), which sizes it."""
 
     def __init__(self, policy: Policy, cfg: GenerationConfig, seed: int = 0, demand: EngineDemand | None = None) -> None:
+        problem = lora_sync_problem(cfg, torch.device(policy.device), bool(policy.is_lora))
+        if problem is not None:
+            raise InputError(problem)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import vllm  # heavy; only this backend needs it
 
@@ -178,11 +184,16 @@ class VLLMGenerator:
                                sleep=self.sleeps)
         if "device_ids" in kwargs:
             self._check_gpu_map(kwargs["device_ids"][0])
+        self._adapter_root: str | None = None
         self.llm: Any = vllm.LLM(**kwargs)
-        self._adapter_root = tempfile.mkdtemp(prefix="swarm-node-lora-") if self.adapter_sync else None
-        # The engine loaded policy.local_path; the in-memory model may already differ from it
-        # (a resumed checkpoint, a LoRA adapter), so start from the trainer's actual weights.
-        self.sync_weights(policy.model)
+        try:
+            self._adapter_root = tempfile.mkdtemp(prefix="swarm-node-lora-") if self.adapter_sync else None
+            # The engine loaded policy.local_path; the in-memory model may already differ from it
+            # (a resumed checkpoint, a LoRA adapter), so start from the trainer's actual weights.
+            self.sync_weights(policy.model)
+        except BaseException:
+            self.close()  # an engine that started and then failed gives its memory back (auto falls back to hf)
+            raise
 
     @staticmethod
     def _check_gpu_map(index: int) -> None:

@@ -54,6 +54,10 @@ class FakeLLM:
         FakeLLM.calls.append(("wake_up", tags))
         return True
 
+    @property
+    def llm_engine(self) -> SimpleNamespace:
+        return SimpleNamespace(engine_core=SimpleNamespace(shutdown=lambda: FakeLLM.calls.append(("shutdown",))))
+
 
 @dataclasses.dataclass
 class FakeEngineArgs:
@@ -137,3 +141,82 @@ def test_sleep_is_refused_quietly_where_vllm_lacks_it_and_another_gpu_is_refused
     fake_vllm.platforms.interface.get_assigned_physical_gpu_ids = lambda: [0]
     with pytest.raises(ValueError, match="separate processes"):
         VLLMGenerator(gpu_policy(1), GenerationConfig(), seed=0)
+
+
+def lora_policy(device: str) -> SimpleNamespace:
+    """What VLLMGenerator reads of a LoRA Policy before its engine starts."""
+    return SimpleNamespace(device=torch.device(device), local_path=Path("/models/m"), is_lora=True,
+                           model=torch.nn.Linear(4, 3), stop_token_ids=[2])
+
+
+def test_merged_lora_sync_needs_a_float32_engine(fake_vllm, monkeypatch) -> None:
+    from swarm_node.policy import generation
+    from swarm_node.policy.generation import make_generator
+    from swarm_node.policy.vllm_engine import lora_sync_problem
+    from swarm_node.policy.vllm_generator import VLLMGenerator
+    from swarm_node.util.errors import InputError
+
+    merged = GenerationConfig(vllm_lora_sync="merged", dtype="bfloat16")
+    FakeLLM.kwargs = {}
+    with pytest.raises(InputError) as e:
+        VLLMGenerator(lora_policy("cuda:0"), merged, seed=0)
+    assert "vllm_lora_sync='adapter'" in e.value.line() and "\n" not in e.value.line()
+    assert FakeLLM.kwargs == {}  # refused before an engine started
+    monkeypatch.setattr(generation, "vllm_installed", lambda: True)  # the fake module has no import spec
+    with pytest.raises(InputError):  # auto does not fall back over a setting the user must fix
+        make_generator(lora_policy("cpu"), GenerationConfig(backend="auto", vllm_lora_sync="merged", dtype="float16"))
+    assert lora_sync_problem(GenerationConfig(vllm_lora_sync="merged"), torch.device("cpu"), True) is None  # float32
+    assert lora_sync_problem(GenerationConfig(vllm_lora_sync="merged", dtype="float32"), torch.device("cuda"),
+                             True) is None
+    assert lora_sync_problem(GenerationConfig(vllm_lora_sync="adapter"), torch.device("cuda"), True) is None
+    assert lora_sync_problem(merged, torch.device("cuda"), False) is None  # full fine-tuning: no adapter to lose
+    assert "rounds each merged weight" in lora_sync_problem(GenerationConfig(vllm_lora_sync="merged"),
+                                                            torch.device("cuda"), True)  # auto on CUDA: 16 bits
+
+
+def test_merged_weights_keep_a_delta_below_the_bases_ulp() -> None:
+    """A bf16 frozen base plus an adapter one small step away from zero: merged in float32 the delta is
+    all there; added in bf16 it would round away entirely."""
+    from peft import LoraConfig, get_peft_model
+
+    from swarm_node.policy.vllm_generator import merged_named_weights
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(64, 64, bias=False)
+
+    torch.manual_seed(0)
+    base = Tiny()
+    with torch.no_grad():
+        base.proj.weight.uniform_(0.01, 0.02)  # weights of about 0.015: half a bf16 ulp is about 3e-5
+    base = base.to(torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=16, target_modules=["proj"]))
+    layer = model.get_base_model().proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.fill_(5e-6)  # one Adam step at lr 5e-6 from B = 0
+    delta = layer.get_delta_weight("default").float()
+    assert 0 < delta.abs().max() < 1e-4
+    merged = dict(merged_named_weights(model))["proj.weight"]
+    original = layer.base_layer.weight.float()
+    assert merged.dtype == torch.float32
+    torch.testing.assert_close(merged - original, delta, rtol=1e-3, atol=1e-9)
+    in_bf16 = (layer.base_layer.weight + layer.get_delta_weight("default").to(torch.bfloat16)).float()
+    assert torch.equal(in_bf16, original)  # the old bf16 addition: the adapter erased
+
+
+def test_auto_closes_an_engine_that_started_and_then_failed(fake_vllm, monkeypatch) -> None:
+    from swarm_node.policy import generation
+    from swarm_node.policy.generation import HFGenerator, make_generator
+
+    monkeypatch.setattr(generation, "vllm_installed", lambda: True)  # the fake module has no import spec
+    def failing_reload(self, method, kwargs=None):
+        if method == "reload_weights":
+            raise RuntimeError("reload failed")
+        return [False]
+
+    fake_vllm.LLM = type("FailingLLM", (FakeLLM,), {"collective_rpc": failing_reload})
+    policy = SimpleNamespace(device=torch.device("cpu"), local_path=Path("/models/m"), is_lora=False,
+                             model=torch.nn.Linear(4, 3), stop_token_ids=[2], pad_token_id=0)
+    generator = make_generator(policy, GenerationConfig(backend="auto"))
+    assert isinstance(generator, HFGenerator) and FakeLLM.calls == [("shutdown",)]
