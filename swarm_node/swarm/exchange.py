@@ -60,7 +60,7 @@ from swarm_node.swarm.statuses import (
 )
 from swarm_node.swarm.tokenizers import TokenizerCensus
 from swarm_node.swarm.verdicts import is_fault
-from swarm_node.swarm.transport import MAX_RECORD_BYTES, DropCounter, Transport
+from swarm_node.swarm.transport import MAX_BLOB_BYTES, MAX_RECORD_BYTES, DropCounter, Transport
 
 CHUNK_BYTES = 512 << 10
 MAX_INDEX_ENTRIES = 256  # per node per window; an index entry is ~150-250 bytes, the record <= 64 KiB
@@ -90,7 +90,8 @@ class RolloutExchange:
     `index_peers_per_shard` and `index_shards_per_read` shape the sharded index (`index.py`);
     groups declaring a sampling temperature outside `temperature_range` are `unsupported_temperature`;
     `max_bytes_per_peer` (default 2 x `max_group_bytes`, which one largest group in 512 KiB chunks
-    needs) bounds what one sender's entries can make a gather download (`group_checks.fetch_cost`).
+    needs) bounds what one sender's entries can make a gather download (`group_checks.fetch_cost`:
+    1 MiB a chunk), raised to one chunk per slot of `max_per_peer` where that is more.
     """
 
     def __init__(
@@ -336,10 +337,10 @@ class RolloutExchange:
         def cost(c: _Candidate) -> float:
             return fetch_cost(c.entry)
 
+        budget = max(self.max_bytes_per_peer, max_per_peer * MAX_BLOB_BYTES)  # a chunk per slot, at least
         if self.admission is not None:
-            return self.admission.sample(candidates, max_groups, max_per_peer, rng, cost, self.max_bytes_per_peer)
-        return fair_sample(candidates, max_groups, max_per_peer, rng, cost=cost,
-                           max_cost_per_peer=self.max_bytes_per_peer)
+            return self.admission.sample(candidates, max_groups, max_per_peer, rng, cost, budget)
+        return fair_sample(candidates, max_groups, max_per_peer, rng, cost=cost, max_cost_per_peer=budget)
 
     def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
                       drops: DropCounter) -> list[RolloutGroup]:

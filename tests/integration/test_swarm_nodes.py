@@ -155,7 +155,8 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
             "logprob_positive": _valid_group(honest, me, at[1], 1, now, logprobs=np.array([0.5, -1, -1], np.float32)),
             "logprob_nonfinite": _valid_group(honest, me, at[2], 2, now, logprobs=np.array([np.nan, -1, -1], np.float32)),
             "token_out_of_vocab": _valid_group(honest, me, at[3], 3, now, tokens=np.array([1, vocab + 5, 2], np.uint32)),
-            "stale": _valid_group(honest, me, at[4], 4, now, created_at=now - 3600),
+            # listed in this window's index with a time an hour before it: a lie (index_mismatch), never `stale`
+            "index_mismatch": _valid_group(honest, me, at[4], 4, now, created_at=now - 3600),
             "unknown_prompt": _valid_group(honest, me, at[5], 5, now, sha="0" * 64),
         }
         entries, blobs = [], []
@@ -198,7 +199,7 @@ def test_misbehaving_peer_is_counted_and_dropped(swarm, tmp_path):
     finally:
         evil.shutdown()
     dropped = {k[len("dropped_"):]: v for k, v in m.items() if k.startswith("dropped_")}
-    for reason in ["logprob_positive", "logprob_nonfinite", "token_out_of_vocab", "stale", "unknown_prompt",
+    for reason in ["logprob_positive", "logprob_nonfinite", "token_out_of_vocab", "index_mismatch", "unknown_prompt",
                    "decode_error", "bad_version", "oversized", "duplicate", "wrong_prompt"]:
         assert dropped.get(reason, 0) >= 1, (reason, dropped)
     assert math.isfinite(m["loss"]) and m["own_samples"] == 8

@@ -164,34 +164,35 @@ def test_a_group_dropped_before_the_fetch_costs_no_download() -> None:
 
 def test_each_sender_downloads_at_most_its_byte_budget_per_gather() -> None:
     """The budget charges an entry the most its chunks can hold (1 MiB each, known only once fetched):
-    a sender listing many groups, or few chunks far larger than the size it claims, gets a gather to
-    download at most `max_bytes_per_peer` of it."""
+    a sender listing chunks far larger than the size it claims gets a gather to download at most
+    `max_bytes_per_peer` of it (at least a chunk per slot of its quota)."""
     swarm = MemorySwarm(clock=Clock(T0))
     transport = CountingTransport(swarm, "H")
     ex = RolloutExchange(transport, SWARM, vocab_size=49_152, max_new_tokens=256, window_seconds=WINDOW_S,
                          max_bytes_per_peer=3 * MAX_BLOB_BYTES)
-    # Each entry claims 1 KiB; its one chunk holds 1 MiB (the index_mismatch is found after the download).
+    # Each entry claims 70 KiB (which allows 2 chunks) and lists 2 chunks of 1 MiB each.
     window = keys.window_of(T0, WINDOW_S)
     entries = []
-    for k in range(8):
-        blob = bytes([k]) * MAX_BLOB_BYTES
-        swarm.write_raw_blob(codec.content_digest(blob), blob, T0 + 300)
-        entries.append(IndexEntry(chunk_digests=(codec.content_digest(blob),), size=1024, prompt_index=k,
-                                  policy_version=0, created_at=T0))
+    for k in range(4):
+        blobs = [bytes([k, j]) * (MAX_BLOB_BYTES // 2) for j in range(2)]
+        for b in blobs:
+            swarm.write_raw_blob(codec.content_digest(b), b, T0 + 300)
+        entries.append(IndexEntry(chunk_digests=tuple(codec.content_digest(b) for b in blobs), size=70 << 10,
+                                  prompt_index=k, policy_version=0, created_at=T0))
     index = RolloutIndex(protocol_version=2, sender="B", window=window, entries=tuple(entries))
     swarm.write_raw_owned(keys.rollout_index_key(SWARM, window), "B", codec.encode(index), T0 + 300)
-    got, drops = gather(ex, T0, max_groups=8, max_per_peer=8)
-    assert got == [] and drops.as_dict() == {"index_mismatch": 3}
-    assert transport.blob_bytes == 3 * MAX_BLOB_BYTES  # of the 8 MiB it listed
+    got, drops = gather(ex, T0, max_groups=8, max_per_peer=2)  # quota 2 (4 MiB), budget 3 MiB: one entry
+    assert got == [] and drops.as_dict() == {"index_mismatch": 1}
+    assert transport.blob_bytes == 2 * MAX_BLOB_BYTES  # of the 8 MiB it listed
     # An entry whose chunk count alone could exceed the budget is refused before any download.
     many = IndexEntry(chunk_digests=tuple(codec.content_digest(bytes([k])) for k in range(5)), size=5 << 16,
                       prompt_index=9, policy_version=0, created_at=T0)
     swarm.write_raw_owned(keys.rollout_index_key(SWARM, window), "C",
                           codec.encode(RolloutIndex(sender="C", window=window, entries=(many,))), T0 + 300)
     before = transport.blob_bytes
-    _, drops = gather(ex, T0, max_groups=8, max_per_peer=8)  # B's next three, and nothing of C's
-    assert drops.as_dict() == {"oversized": 1, "index_mismatch": 3}
-    assert transport.blob_bytes - before == 3 * MAX_BLOB_BYTES
+    _, drops = gather(ex, T0, max_groups=8, max_per_peer=2)  # B's next entry, and nothing of C's
+    assert drops.as_dict() == {"oversized": 1, "index_mismatch": 1}
+    assert transport.blob_bytes - before == 2 * MAX_BLOB_BYTES
 
 
 def test_identities_whose_groups_are_never_taken_hold_one_slot_in_all() -> None:
