@@ -1,6 +1,10 @@
 """The device check's speed and memory per shape (4): generation and training tokens/s, the training
-step's peak memory against the node's memory plan (CUDA: the allocator's peak; CPU: the peak RSS of a
-fresh process taking the step, `benchmarks.memory_plan.run_child`), and an MFU estimate on CUDA."""
+step's peak memory against the node's memory plan (CUDA: the allocator's peak, read after the generator
+is closed and its memory collected; CPU: the peak RSS of a fresh process taking the step,
+`benchmarks.memory_plan.run_child`), and an MFU estimate on CUDA. On CUDA it also records what the
+plan's stated CUDA constants are to be measured against (`swarm_node.policy.memory`): the caching
+allocator's reserved peak over its allocated peak during the step (CUDA_ALLOCATOR_RESERVE), and the
+device memory in use beyond torch's reservation (the CUDA context, CUDA_CONTEXT_BYTES)."""
 
 from __future__ import annotations
 
@@ -12,25 +16,23 @@ import torch
 
 from benchmarks.common import Timer
 from benchmarks.gpu_check.parts import (
-    ENV_AT_START, SHAPES, fixed_prompts, free, make_generator_for, make_trainer, model_cfg, own_samples,
-    sync_device, train_cfg,
+    ENV_AT_START, NODE, SHAPES, Build, GenSettings, fixed_prompts, free, model_cfg, own_samples, sync_device,
+    train_cfg,
 )
 
 # dense bf16 peak FLOP/s by GPU name fragment (vendor data sheets), for the MFU estimate
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12,
              "RTX 4090": 165e12, "RTX 3090": 71e12}
 
-def shape_check(args: argparse.Namespace, name: str, cache: Path) -> dict[str, Any]:
+def shape_check(args: argparse.Namespace, name: str, cache: Path, node: Build = NODE) -> dict[str, Any]:
     """Generation and training speed of one shape at the default precision, and its memory against
     the plan (a fresh process per measurement on CPU, where peak RSS cannot be reset)."""
-    from swarm_node.policy.models import load_policy
-
     spec = SHAPES[name]
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    policy = load_policy(model_cfg(args, spec, cache))
+    policy = node.policy(model_cfg(args, spec, cache), 0)
     params = sum(p.numel() for p in policy.model.parameters())
-    generator = make_generator_for(args, policy)
+    generator = node.generator(args, policy, GenSettings())
     prompts = fixed_prompts(policy, args.prompts)
     sync_device(args.device)
     if args.device == "cuda":
@@ -41,11 +43,15 @@ def shape_check(args: argparse.Namespace, name: str, cache: Path) -> dict[str, A
     gen_peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else None
     gen_tokens = sum(len(c.token_ids) for g in groups for c in g)
     generator.close()
+    del generator
+    free(args.device)  # an engine's memory still referenced would count as the trainer's
     samples = own_samples(prompts, groups, seed=3)
-    trainer = make_trainer(policy, train_cfg(args, 1e-6))
+    trainer = node.trainer(policy, train_cfg(args, 1e-6), 1.0)
     trainer.step(samples)  # warm-up (allocator, kernels): the measured step is the second
     sync_device(args.device)
     if args.device == "cuda":
+        free(args.device)
+        before_step = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
     with Timer() as t_train:
         trainer.step(samples)
@@ -64,9 +70,15 @@ def shape_check(args: argparse.Namespace, name: str, cache: Path) -> dict[str, A
            "model_config": policy.model.config.to_dict(), "compute_dtype": out["compute_dtype"]}
     if args.device == "cuda":
         train_peak = torch.cuda.max_memory_allocated()
+        reserved_peak = torch.cuda.max_memory_reserved()
+        free_now, total = torch.cuda.mem_get_info()
         estimate = estimate_step_bytes(job)
         out["memory"] = {"generation_peak_bytes": gen_peak, "training_peak_bytes": train_peak,
-                         "training_estimate_bytes": estimate}
+                         "training_estimate_bytes": estimate, "allocated_before_step_bytes": before_step,
+                         "training_reserved_peak_bytes": reserved_peak,
+                         # measured values for the plan's stated CUDA constants (policy.memory):
+                         "allocator_reserve_measured": reserved_peak / train_peak,
+                         "outside_torch_bytes_measured": total - free_now - torch.cuda.memory_reserved()}
         peak_flops = next((v for k, v in PEAK_BF16.items() if k in torch.cuda.get_device_name(0)), None)
         if peak_flops:
             out["mfu"] = 6 * params * train_tokens / t_train.seconds / peak_flops
