@@ -23,9 +23,12 @@ def test_gpu_check_proves_training_sync_resume_and_memory() -> None:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["params_changed_fraction"]["bf16_compute"] >= 0.99
     assert result["params_changed_fraction"]["bf16_inplace"] < 0.5
-    assert result["resume_ok"] is True
-    for mode, sync in result["sync"].items():
-        assert sync["sync_gap_new"] < 0.1 * sync["sync_gap_old"], mode
+    assert result["resume_ok"] is True and result["resume"]["optimizer_state_misplaced"] == []
+    for mode, sync in result["sync"].items():  # hf on the GPU: the generator is the trained module
+        assert sync["verdict"] == "not applicable", mode
+    for pair, entry in result["logprob_agreement"].items():
+        assert entry["mean_abs"] <= entry["bound"], pair
+    assert "gqa7-152k" in result["memory_estimate_ratio"]
     for name, ratio in result["memory_estimate_ratio"].items():
         assert 0.75 <= ratio <= 1.33, name
     assert proc.returncode == 0 and result["ok"], result["failures"]
