@@ -14,6 +14,13 @@ fits. Gradient checkpointing is switched on when nothing fits without it and som
 it. When nothing fits, the node is refused with one line naming what would fit: LoRA, a smaller
 token cap or G, a smaller model (`swarm-node doctor` shows the plan part by part).
 
+On a GPU the plan also holds what the device keeps beyond torch's live tensors (`policy.memory`:
+the allocator's reserve, the CUDA context, a vLLM engine's CUDA graph pools), the spot-check's
+forward pass with the node's own model (`memory.spot_check_parts`), and the compute dtype the GPU
+supports (`Budget.bf16`: `torch.cuda.is_bf16_supported()`; V100 and T4 compute in float32); `fit`
+keeps FIT_MARGIN of the GPU free on top (`Budget.usable`). A model not in the local cache is planned
+from its config.json alone (`preflight.fetch_model_shape`, before the weights download).
+
 The plan is a worst case: every completion at `generation.max_new_tokens`. Once a node has trained,
 `observed_lengths(node_dir)` reads the longest prompt and completion its steps logged, and the same
 plan at those lengths is what the node is expected to use (`doctor` shows both).
@@ -42,6 +49,10 @@ EMBEDDED_NAME = "smollm2-135m"
 EMBEDDED_SHAPE = ModelShape(hidden=576, layers=30, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
                             vocab=49152, tied=True)
 TINY_TOKENIZER_SIZES = {"a": 3 + 256, "b": 256 + 100 + 3, "c": 512}  # policy.tiny's variants
+# The share of a GPU's memory `fit` leaves unplanned: for what the plan's stated CUDA constants
+# (policy.memory) miss until a GPU run measures them, and other processes on the device. On a CPU the
+# plan is calibrated against peak RSS (0.89-1.07) and no margin is kept.
+FIT_MARGIN = 0.10
 
 
 # ---- the model's shape, without loading it ------------------------------------------------------
@@ -133,8 +144,10 @@ def _generator_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precisi
     if kind == "vllm":
         if device == "cuda":
             share = int(g.vllm_gpu_memory_utilization * (gpu_total or 0))
+            graphs = [] if g.vllm_enforce_eager else [
+                Part("CUDA graphs", "static", memory.VLLM_CUDA_GRAPH_BYTES, "vLLM's graph pools, beside its share")]
             return [Part("generator", "generate" if g.vllm_sleep else "static", share,
-                         f"vLLM: {g.vllm_gpu_memory_utilization:.0%} of the GPU")]
+                         f"vLLM: {g.vllm_gpu_memory_utilization:.0%} of the GPU"), *graphs]
         gen_bytes = memory.DTYPE_BYTES["float32" if g.dtype == "auto" else g.dtype]
         return [Part("generator", "static", shape.params * gen_bytes + g.vllm_kv_cache_gib * GIB,
                      f"vLLM: its weights + {g.vllm_kv_cache_gib} GiB KV cache")]
@@ -147,23 +160,37 @@ def _generator_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precisi
                                    prompt_tokens=prompt, new_tokens=new)
 
 
+def _spot_check_parts(cfg: NodeConfig, shape: ModelShape, device: str, p: Precision, prompt: int,
+                      completion: int) -> list[Part]:
+    """The spot-check's pass with the node's own model (its listed references run on the CPU)."""
+    sc = cfg.swarm.spot_check
+    if not (cfg.swarm.enabled and sc.enabled):
+        return []
+    rows = min(sc.completions, max(cfg.generation.group_size, cfg.swarm.max_peer_group_size or 0))
+    return memory.spot_check_parts(shape, p, device="cuda" if device == "cuda" else "cpu",
+                                   stored=p.param if not cfg.model.lora.enabled else p.base, rows=rows,
+                                   prompt_tokens=prompt, completion_tokens=completion)
+
+
 def node_plan(cfg: NodeConfig, shape: ModelShape, device: str, *, micro_batch: int | None = None,
               checkpointing: bool | None = None, prompt_tokens: int | None = None, gpu_total: int | None = None,
-              generator: str | None = None, completion_tokens: int | None = None) -> MemoryPlan:
+              generator: str | None = None, completion_tokens: int | None = None, bf16: bool = True) -> MemoryPlan:
     """The plan of a node with `cfg` (micro-batch and checkpointing as configured unless given), with
-    every completion at `completion_tokens` (unset: generation.max_new_tokens, the worst case)."""
+    every completion at `completion_tokens` (unset: generation.max_new_tokens, the worst case);
+    `bf16`: the GPU computes in bfloat16 (`Budget.bf16`)."""
     m = micro_batch if micro_batch is not None else cfg.train.micro_batch_size or max_rows(cfg)
     ckpt = cfg.train.gradient_checkpointing if checkpointing is None else checkpointing
     prompt = prompt_tokens or cfg.generation.max_prompt_tokens
     new = completion_tokens or cfg.generation.max_new_tokens
-    p = precision_of(cfg.model, device)
+    p = precision_of(cfg.model, device, bf16)
+    kind = generator or generator_kind(cfg)
     lora = memory.Lora(cfg.model.lora.rank, tuple(cfg.model.lora.target_modules)) if cfg.model.lora.enabled else None
     plan = memory.step_plan(shape, device="cuda" if device == "cuda" else "cpu", micro_batch=min(m, max_rows(cfg)),
                             prompt_tokens=prompt, completion_tokens=new, precision=p,
                             lora=lora, gradient_checkpointing=ckpt)
     plan = replace(plan, micro_batch=m)
-    return memory.with_parts(plan, _generator_parts(cfg, shape, device, p, prompt, gpu_total,
-                                                    generator or generator_kind(cfg), new))
+    return memory.with_parts(plan, _generator_parts(cfg, shape, device, p, prompt, gpu_total, kind, new)
+                             + _spot_check_parts(cfg, shape, device, p, prompt, new))
 
 
 @dataclass(frozen=True)
@@ -190,9 +217,25 @@ def observed_lengths(node_dir: Path) -> Observed | None:
 @dataclass(frozen=True)
 class Budget:
     device: Literal["cpu", "cuda"]
-    available: int  # bytes the node may take: free GPU memory, or the RAM the kernel says is available
+    available: int  # bytes free now: free GPU memory, or the RAM the kernel says is available
     total: int  # the device's size (a vLLM engine's share is a fraction of it)
     where: str  # "RAM", "GPU memory (cuda:0)"
+    bf16: bool = True  # the GPU computes in bfloat16 (torch.cuda.is_bf16_supported()); unused on a CPU
+
+    @property
+    def margin(self) -> int:
+        """Bytes `fit` keeps free: FIT_MARGIN of a GPU, nothing of RAM (module docstring)."""
+        return int(FIT_MARGIN * self.total) if self.device == "cuda" else 0
+
+    @property
+    def usable(self) -> int:
+        """What the plan may fill: the available bytes less the margin."""
+        return max(0, self.available - self.margin)
+
+    def describe(self) -> str:
+        """`70.00 GiB of 79.20 GiB GPU memory (cuda:0) available, 7.92 GiB of it kept free` for a line of text."""
+        kept = f", {gib(self.margin)} of it kept free ({FIT_MARGIN:.0%} of the GPU)" if self.margin else ""
+        return f"{gib(self.available)} of {gib(self.total)} {self.where} available{kept}"
 
 
 @dataclass(frozen=True)
@@ -209,28 +252,27 @@ def fit(cfg: NodeConfig, shape: ModelShape, budget: Budget, prompt_tokens: int |
 
     def plan(m: int, ckpt: bool) -> MemoryPlan:
         return node_plan(cfg, shape, budget.device, micro_batch=m, checkpointing=ckpt, prompt_tokens=prompt_tokens,
-                         gpu_total=budget.total, generator=generator)
+                         gpu_total=budget.total, generator=generator, bf16=budget.bf16)
 
     cap = max_rows(cfg)  # rows beyond it never share a micro-batch: a larger value plans as this one
     wanted = cfg.train.micro_batch_size
 
     def largest(ckpt: bool) -> Fit | None:
-        for m in range(cap, 0, -1):
-            if (p := plan(m, ckpt)).total <= budget.available:
-                return Fit(m, ckpt, p)
+        for rows in range(cap, 0, -1):
+            if (p := plan(rows, ckpt)).total <= budget.usable:
+                return Fit(rows, ckpt, p)
         return None
 
     options = [True] if cfg.train.gradient_checkpointing else [False, True]
     if wanted:  # set: kept when it fits (with checkpointing if only that fits), else refused
         for ckpt in options:
-            if (p := plan(min(wanted, cap), ckpt)).total <= budget.available:
+            if (p := plan(min(wanted, cap), ckpt)).total <= budget.usable:
                 return Fit(wanted, ckpt, p)
         found = next((f for f in map(largest, options) if f is not None), None)
         if found is not None:
             need = plan(min(wanted, cap), options[-1]).total
             raise InputError(
-                f"train.micro_batch_size={wanted} needs ~{gib(need)} by the memory plan, {gib(budget.available)} of "
-                f"{budget.where} available",
+                f"train.micro_batch_size={wanted} needs ~{gib(need)} by the memory plan, {budget.describe()}",
                 f"set train.micro_batch_size={found.micro_batch} (the largest that fits"
                 + (", with train.gradient_checkpointing=true" if found.gradient_checkpointing else "")
                 + "), or 0 to pick it at start; `swarm-node doctor` shows the plan by part")
@@ -247,7 +289,7 @@ def nothing_fits(cfg: NodeConfig, shape: ModelShape, budget: Budget, smallest: M
 
     def total(c: NodeConfig) -> int:
         return node_plan(c, shape, budget.device, micro_batch=1, checkpointing=True, prompt_tokens=prompt_tokens,
-                         gpu_total=budget.total, generator=generator).total
+                         gpu_total=budget.total, generator=generator, bf16=budget.bf16).total
 
     def with_(**sets: Any) -> NodeConfig:
         data = cfg.model_dump()
@@ -258,24 +300,24 @@ def nothing_fits(cfg: NodeConfig, shape: ModelShape, budget: Budget, smallest: M
 
     would: list[str] = []
     lora = with_(model__lora={**cfg.model.lora.model_dump(), "enabled": True})
-    if not cfg.model.lora.enabled and (n := total(lora)) <= budget.available:
+    if not cfg.model.lora.enabled and (n := total(lora)) <= budget.usable:
         would.append(f"model.lora.enabled=true (~{gib(n)})")
     g = cfg.generation
     for key, now in (("generation__max_new_tokens", g.max_new_tokens), ("generation__group_size", g.group_size)):
         value = now // 2
-        while value >= 1 and total(with_(**{key: value})) > budget.available:
+        while value >= 1 and total(with_(**{key: value})) > budget.usable:
             value //= 2
         if value >= 1:
             would.append(f"{key.replace('__', '.')}={value} (~{gib(total(with_(**{key: value})))})")
     parts = smallest.by_name()
     per_param = sum(parts.get(k, 0) for k in ("weights", "compute copy", "optimizer", "gradients")) / shape.params
-    room = budget.available - (smallest.total - per_param * shape.params)
+    room = budget.usable - (smallest.total - per_param * shape.params)
     if room > 0:
         would.append(f"a smaller model, of at most ~{room / per_param / 1e9:.2g}B parameters")
     at_peak = [p for p in smallest.parts if p.phase in ("static", smallest.peak_phase)]
     largest = sorted(at_peak, key=lambda p: -p.bytes)[:3]
     return InputError(
-        f"{cfg.model.name} does not fit in {gib(budget.available)} of {budget.where}: the memory plan needs "
+        f"{cfg.model.name} does not fit in {budget.describe()}: the memory plan needs "
         f"~{gib(smallest.total)} even at micro-batch 1 with gradient checkpointing ("
         + ", ".join(f"{p.name} {gib(p.bytes)}" for p in largest) + ")",
         ("what would fit: " + "; or ".join(would) if would else "use a smaller model or a machine with more memory")
@@ -290,7 +332,9 @@ def machine_budget(device_name: str) -> Budget | None:
         if torch.cuda.is_available():
             index = int(device_name.split(":")[1]) if ":" in device_name else torch.cuda.current_device()
             free, total = torch.cuda.mem_get_info(index)
-            return Budget("cuda", int(free), int(total), f"GPU memory (cuda:{index})")
+            with torch.cuda.device(index):
+                bf16 = bool(torch.cuda.is_bf16_supported())
+            return Budget("cuda", int(free), int(total), f"GPU memory (cuda:{index})", bf16)
         if device_name != "auto":
             return None
     ram = ram_bytes()

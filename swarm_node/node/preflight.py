@@ -214,21 +214,53 @@ def check_checkpoint_model(node_dir: Path, cfg: NodeConfig) -> None:
                              "pass another --node-dir, or the model.name/model.lora the checkpoints were made with")
 
 
+def fetch_model_shape(name: str, revision: str | None = None) -> tuple[Any, str]:
+    """The shape of a hub model that is not in the local cache, from its config.json alone (a few KB,
+    fetched into the hub cache before the weights are), and a phrase saying where it came from or
+    why it is unknown (offline, a typo, a gated model: the hub client's reason)."""
+    from swarm_node.node import memory_budget as mb
+    from swarm_node.policy.memory import ModelShape
+
+    shape = mb.model_shape_of_name(name, revision)
+    if shape is not None:
+        return shape, "this machine's copy of its config"
+    if Path(name).expanduser().exists() or "/" not in name or not _HUB_ID.match(name):
+        return None, f"{name} has no readable config.json"
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(name, "config.json", revision=revision)
+        config = json.loads(Path(path).read_text())
+    except Exception as e:  # noqa: BLE001  (hub client errors: offline, not found, gated; a damaged file)
+        reason = " ".join(str(e).split()).split(". ")[0][:160]
+        return None, f"its config.json could not be fetched from the hub ({type(e).__name__}: {reason})"
+    shape = ModelShape.from_config(config) if isinstance(config, dict) else None
+    return shape, ("its config.json, fetched from the hub" if shape is not None
+                   else "its config.json names no decoder sizes this plan knows")
+
+
 def fit_memory(cfg: NodeConfig, prompt_set: Any) -> None:
     """Fit the node to this machine's memory before the model loads (`memory_budget.fit`): sets
     `train.micro_batch_size` when it is 0 (the largest that fits) and `train.gradient_checkpointing`
-    when only checkpointing makes it fit; InputError naming what would fit when nothing does. A
-    model whose shape is unknown until it is downloaded is not planned (0 then means the default)."""
+    when only checkpointing makes it fit; InputError naming what would fit when nothing does. A hub
+    model not in the local cache is planned from its config.json, fetched alone first
+    (`fetch_model_shape`); one whose config cannot be fetched (offline) is not planned: one warning
+    line says so, and 0 then means the default micro-batch."""
     from swarm_node.node import memory_budget as mb
     from swarm_node.config import TrainConfig
 
-    shape = mb.model_shape_of_name(cfg.model.name, cfg.model.revision)
+    shape, source = fetch_model_shape(cfg.model.name, cfg.model.revision)
     budget = mb.machine_budget(cfg.model.device) if shape is not None else None
     if shape is None or budget is None:
         if cfg.train.micro_batch_size == 0:
             cfg.train.micro_batch_size = TrainConfig.model_fields["micro_batch_size"].default
-        log.info("memory plan: %s; train.micro_batch_size=%d", "the model's shape is unknown until it is downloaded"
-                 if shape is None else "this machine's memory is unknown", cfg.train.micro_batch_size)
+        if shape is None:
+            log.warning("memory plan: none for %s: %s; train.micro_batch_size=%d unchecked (a smaller one, or "
+                        "train.gradient_checkpointing=true, if it runs out of memory)", cfg.model.name, source,
+                        cfg.train.micro_batch_size)
+        else:
+            log.info("memory plan: this machine's memory is unknown; train.micro_batch_size=%d",
+                     cfg.train.micro_batch_size)
         return
     prompt = mb.longest_prompt_tokens(cfg, prompt_set)
     chosen = mb.fit(cfg, shape, budget, prompt)
@@ -238,10 +270,10 @@ def fit_memory(cfg: NodeConfig, prompt_set: Any) -> None:
         log.warning("memory plan: nothing fits without gradient checkpointing: "
                     "train.gradient_checkpointing switched on")
         cfg.train.gradient_checkpointing = True
-    log.info("memory plan: ~%s at train.micro_batch_size=%d%s, %s of %s available (prompt %d tokens)",
+    log.info("memory plan: ~%s at train.micro_batch_size=%d%s, %s (prompt %d tokens; shape from %s)",
              mb.gib(chosen.plan.total), chosen.micro_batch, " with gradient checkpointing"
-             if chosen.gradient_checkpointing else "", mb.gib(budget.available), budget.where,
-             prompt or cfg.generation.max_prompt_tokens)
+             if chosen.gradient_checkpointing else "", budget.describe(),
+             prompt or cfg.generation.max_prompt_tokens, source)
 
 
 def check_checkpoint_dir(path: Path) -> None:

@@ -4,13 +4,15 @@ A plan is built from the model's shape (`ModelShape`: what config.json says) and
 settings; each part is bytes, and belongs to a phase:
 
     static    the whole run: the process baseline (CPU: python, torch, transformers, the
-              tokenizer; CUDA: the context, outside torch's allocator), the weights, autocast's
-              compute-dtype copy of them, AdamW's two float32 moments, a vLLM engine's share
+              tokenizer; CUDA: the context, outside torch's allocator), the weights, AdamW's two
+              float32 moments, a vLLM engine's share
     train     a micro-batch's forward and backward: the gradients (they accumulate over the
-              micro-batches), the activations kept for the backward pass, the logits
+              micro-batches), autocast's compute-dtype copy of the weights (held by the graph
+              until the backward pass ends), the activations kept for the backward pass, the logits
     update    clipping and the AdamW step: the gradients and the step's temporaries
-    generate  the HF generator's key/value cache for a generation batch (the gradients are
-              gone by then: the trainer frees them after each step)
+    generate  the HF generator's key/value cache for a generation batch and autocast's copy of
+              the weights (the gradients are gone by then: the trainer frees them after each
+              step); a spot-check's forward pass with the node's own model, which overlaps it
     load      CPU only: the weights file's pages while it is read (the high-water mark of RSS
               counts them)
 
@@ -32,7 +34,11 @@ within 3% in bf16 and 10% in float32): about 6.4 h elements in the weights' dtyp
 log-sum-exp per head (h: hidden size, i: intermediate size, kv_dim: key/value width). The scorer
 runs a group's prompt once and the completions on its key/value cache (`policy.scoring`), which
 it repeats for each row and extends per layer (two more [b, P + T, kv_dim] tensors for keys and
-values). Under gradient checkpointing (`train.gradient_checkpointing`) each row is one whole
+values). With a mask (the completions' pass on the cache always has one), transformers' SDPA attention
+expands the keys and values of grouped heads to every query head (`repeat_kv`: CUDA and CPU kernels
+take `enable_gqa` only without a mask) and autograd keeps the expanded copies: [b, heads, P + T,
+head_dim] per layer, 6 to 7 times the cache for Qwen2.5's grouping (`_expanded_kv_bytes`). Under
+gradient checkpointing (`train.gradient_checkpointing`) each row is one whole
 sequence (checkpointed layers keep no cache), each layer keeps only its input (h elements per
 token in the weights' dtype), and the backward pass recomputes one layer at a time. The logits
 [b, T, V] stay in the compute dtype (`scoring.sampled_logprobs` works on float32 chunks of
@@ -44,6 +50,15 @@ CPU): the allocator's peak (live tensor bytes, the CPU's stand-in for CUDA's
 max_memory_allocated) came out at 0.99-1.15 of `allocated` with the saved-tensor counts as they
 are (ACTIVATION_FACTOR = TRANSIENT = 1), and peak RSS at 0.89-1.07 of `total` with the two CPU
 constants below. On CUDA the same arithmetic has not been checked against a GPU here.
+
+CUDA headroom: the device holds more than torch's live tensors. The caching allocator reserves more
+than it has allocated for what churns (part "reserve": CUDA_ALLOCATOR_RESERVE, the CUDA
+counterpart of the CPU's heap slack, not in `allocated`), the CUDA context and libraries sit
+outside it (CUDA_CONTEXT_BYTES), and a vLLM engine with CUDA graphs keeps their memory pools beside
+its `gpu_memory_utilization` share (VLLM_CUDA_GRAPH_BYTES, `node.memory_budget`). These three constants are stated assumptions with their sources below, not
+measurements: no GPU has been lent to this project yet; `benchmarks.gpu_check --device cuda`
+records the measured values (`allocator_reserve_measured`, `outside_torch_bytes_measured`) to
+replace them. The node's fit keeps a further margin free (`node.memory_budget.FIT_MARGIN`).
 """
 
 from __future__ import annotations
@@ -80,9 +95,23 @@ CPU_BASELINE_BYTES = 450 * MIB
 # during a step (activations, logits, generation's cache); measured (RSS - baseline) / live bytes
 # of those parts: 1.05-1.45 (LoRA the highest), 1.2 for the embedded model. Part "heap slack".
 CPU_HEAP_FACTOR = 1.25
-# CUDA: the context and the kernels' workspaces, outside torch's allocator (not in
-# max_memory_allocated); a typical figure for recent GPUs, not measured here.
-CUDA_CONTEXT_BYTES = 600 * MIB
+# CUDA (assumptions until the first GPU run measures them, see the module docstring):
+# - the context, kernel images and library handles outside torch's allocator (not in
+#   max_memory_allocated): about 0.5 GiB with CUDA 12's lazy module loading on A100/H100-class GPUs
+#   (the gap between nvidia-smi and torch.cuda.memory_reserved commonly reported by PyTorch users),
+#   doubled for cuBLAS/cuBLASLt handles and a vLLM engine's own libraries in the same process;
+CUDA_CONTEXT_BYTES = 1 * GIB
+# - the caching allocator's reserved peak over its allocated peak for what churns: tensors freed and
+#   allocated again at other sizes (activations, logits, caches: their sizes follow the sequence
+#   lengths) leave split blocks and rounding (512 B, 2 MiB segments) behind; 1.1-1.3 in typical
+#   training loops (PyTorch's CUDA memory management notes); the high end, applied to each phase's
+#   parts. Parts allocated once or again at the same sizes (weights, AdamW's moments, autocast's
+#   weight copy) reuse their blocks and get none;
+CUDA_ALLOCATOR_RESERVE = 1.3
+# - a vLLM engine's CUDA graph pools (vllm_enforce_eager off), which vLLM 0.x does not count in its
+#   gpu_memory_utilization share: its start-up log reports 0.2-1 GiB for 0.5B-7B models at the
+#   default capture sizes (vLLM issue reports); the high end.
+VLLM_CUDA_GRAPH_BYTES = 1 * GIB
 
 
 @dataclass(frozen=True)
@@ -160,7 +189,7 @@ class Part:
     phase: str  # static | train | update | generate | load | baseline
     bytes: int
     note: str = ""
-    rss_only: bool = False  # CPU heap slack: in RSS, not in the allocator's live bytes
+    not_live: bool = False  # CPU heap slack, CUDA allocator reserve: held from the system, not live tensors
 
 
 @dataclass(frozen=True)
@@ -188,10 +217,10 @@ class MemoryPlan:
 
     @property
     def allocated(self) -> int:
-        """The peak phase's live tensor bytes, without the baseline and the CPU heap's slack: what
-        torch's allocator holds at most (`torch.cuda.max_memory_allocated` on CUDA)."""
+        """The peak phase's live tensor bytes, without the baseline, the CPU heap's slack and the CUDA
+        allocator's reserve: what torch's allocator holds at most (`torch.cuda.max_memory_allocated`)."""
         peak = self.peak_phase
-        return sum(p.bytes for p in self.parts if p.phase in ("static", peak) and not p.rss_only)
+        return sum(p.bytes for p in self.parts if p.phase in ("static", peak) and not p.not_live)
 
     def by_name(self) -> dict[str, int]:
         return {p.name: p.bytes for p in self.parts}
@@ -216,11 +245,22 @@ def _activation_bytes(shape: ModelShape, p: Precision, resid: int, rows: int, pr
     if checkpointing:  # whole sequences; layer inputs kept, one layer recomputed at a time
         tokens = rows * (prompt + completion)
         layers = shape.layers * tokens * shape.hidden * resid + tokens * per_token
+        layers += _expanded_kv_bytes(shape, p, resid, rows, prompt + completion)  # the recomputed layer's
     else:  # the prompt once, the completions on its cache: repeated per row and extended per layer
         tokens = prompt + rows * completion
         cache = shape.layers * rows * (2 * prompt + completion) * shape.kv_dim * (resid + p.compute)
-        layers = shape.layers * tokens * per_token + cache
+        expanded = shape.layers * _expanded_kv_bytes(shape, p, resid, rows, prompt + completion)
+        layers = shape.layers * tokens * per_token + cache + expanded
     return int(ACTIVATION_FACTOR * layers + rows * completion * head)
+
+
+def _expanded_kv_bytes(shape: ModelShape, p: Precision, resid: int, rows: int, length: int) -> int:
+    """One layer's keys and values expanded to every query head by SDPA under a mask (module docstring):
+    [rows, heads, length, head_dim], keys after RoPE in the weights' dtype, values in the compute dtype;
+    none when every query head has its own key/value head."""
+    if shape.heads == shape.kv_heads:
+        return 0
+    return rows * length * shape.heads * shape.head_dim * (resid + p.compute)
 
 
 def _logit_bytes(shape: ModelShape, p: Precision, rows: int, completion: int) -> int:
@@ -244,8 +284,7 @@ def step_plan(shape: ModelShape, *, device: Device, micro_batch: int, prompt_tok
     trained = shape.params if lora is None else shape.lora_params(lora.rank, lora.targets)
     stored = precision.param if lora is None else precision.base  # the bytes of the model's own weights
     weights = shape.params * stored + (0 if lora is None else trained * 4)
-    matmul = shape.layers * shape.layer_matmul_params + shape.vocab * shape.hidden
-    cast = matmul * precision.compute if precision.compute < stored else 0
+    cast = compute_copy_bytes(shape, precision, stored)
     grad_bytes = 4 if lora is not None else precision.param
     act = _activation_bytes(shape, precision, stored, micro_batch, prompt_tokens, completion_tokens,
                             gradient_checkpointing)
@@ -260,7 +299,7 @@ def step_plan(shape: ModelShape, *, device: Device, micro_batch: int, prompt_tok
              "python, torch, transformers, tokenizer" if device == "cpu" else "CUDA context (outside torch)"),
         Part("weights", "static", weights, f"{shape.params / 1e6:.0f}M x {stored} B"
              + ("" if lora is None else f" + adapter {trained / 1e6:.1f}M x 4 B")),
-        Part("compute copy", "static", cast, "autocast's cast of the weights to the compute dtype"),
+        Part("compute copy", "train", cast, "autocast's cast of the weights, kept for the backward pass"),
         Part("optimizer", "static", trained * 8, "AdamW: two float32 moments per trained parameter"),
         Part("gradients", "train", trained * grad_bytes, "kept over the micro-batches"),
         Part("activations", "train", act, f"{micro_batch} x ({prompt_tokens} + {completion_tokens}) tokens"
@@ -270,11 +309,19 @@ def step_plan(shape: ModelShape, *, device: Device, micro_batch: int, prompt_tok
         Part("gradients (update)", "update", trained * grad_bytes, "until the optimizer step"),
         Part("optimizer step", "update", update_temp, "AdamW's temporaries"),
     ]
+    parts.append(slack(device, "train", act + logits))
     if device == "cpu":
-        parts.append(heap_slack("train", act + logits))
         parts.append(Part("weights file", "load", shape.params * stored, "the file's pages while it is read"))
     kept = tuple(p for p in parts if p.bytes or p.phase == "baseline")
     return MemoryPlan(device, micro_batch, gradient_checkpointing, kept)
+
+
+def compute_copy_bytes(shape: ModelShape, precision: Precision, stored: int) -> int:
+    """Autocast's copy of the matmul weights in the compute dtype (none when they are stored in it). It
+    lives while an autocast region runs and the autograd graph holds it: a training micro-batch's
+    forward and backward pass, a generation call, a spot-check; not the optimizer step."""
+    matmul = shape.layers * shape.layer_matmul_params + shape.vocab * shape.hidden
+    return matmul * precision.compute if precision.compute < stored else 0
 
 
 def generation_parts(shape: ModelShape, precision: Precision, *, device: Device, stored: int, rows: int,
@@ -284,15 +331,46 @@ def generation_parts(shape: ModelShape, precision: Precision, *, device: Device,
     float32 [rows, V] logits step or two."""
     cache = shape.layers * rows * (prompt_tokens + new_tokens) * shape.kv_dim * (stored + precision.compute)
     logits = 4 * rows * shape.vocab * 4
-    parts = [Part("kv cache", "generate", cache + logits, f"{rows} rows x {prompt_tokens + new_tokens} tokens")]
-    return parts + ([heap_slack("generate", cache)] if device == "cpu" else [])
+    parts = [Part("kv cache", "generate", cache + logits, f"{rows} rows x {prompt_tokens + new_tokens} tokens"),
+             Part("compute copy (generate)", "generate", compute_copy_bytes(shape, precision, stored),
+                  "autocast's cast of the weights while generate runs")]
+    return parts + [slack(device, "generate", cache)]
+
+
+def spot_check_parts(shape: ModelShape, precision: Precision, *, device: Device, stored: int, rows: int,
+                     prompt_tokens: int, completion_tokens: int) -> list[Part]:
+    """A spot-check of `rows` completion prefixes with the node's own model (no gradient, the compute
+    dtype: `peers.spotcheck`), overlapping generation: the prompt's cache repeated per row and extended
+    over the completions in every layer, one layer's keys and values expanded to every query head, the
+    [rows, T, V] logits in the compute dtype and one float32 chunk of LOGPROB_CHUNK_ROWS rows."""
+    length = prompt_tokens + completion_tokens
+    cache = shape.layers * rows * length * shape.kv_dim * (stored + precision.compute)
+    expanded = _expanded_kv_bytes(shape, precision, stored, rows, length)
+    n = rows * completion_tokens
+    logits = n * shape.vocab * precision.compute + min(n, LOGPROB_CHUNK_ROWS) * shape.vocab * 4
+    cast = compute_copy_bytes(shape, precision, stored)  # autocast's cache is per thread: its own copy
+    return [Part("spot-check", "generate", cache + expanded + logits + cast,
+                 f"{rows} completions x {length} tokens, no gradient, during generation"),
+            slack(device, "generate", cache + expanded + logits, "spot-check")]
 
 
 def heap_slack(phase: str, churn: int) -> Part:
     """CPU: what glibc's heap keeps beyond the live bytes of a phase's short-lived tensors."""
     return Part("heap slack" if phase == "train" else f"heap slack ({phase})", phase,
                 int((CPU_HEAP_FACTOR - 1) * churn), "CPU: freed blocks the heap keeps",
-                rss_only=True)
+                not_live=True)
+
+
+def allocator_reserve(phase: str, churn: int, what: str = "") -> Part:
+    """CUDA: what torch's caching allocator reserves beyond the live bytes of tensors whose sizes follow
+    the sequence lengths (CUDA_ALLOCATOR_RESERVE)."""
+    return Part(f"reserve ({what or phase})", phase, int((CUDA_ALLOCATOR_RESERVE - 1) * churn),
+                f"CUDA allocator's cache: {CUDA_ALLOCATOR_RESERVE:g} x the live bytes of what churns", not_live=True)
+
+
+def slack(device: Device, phase: str, churn: int, what: str = "") -> Part:
+    """What the device holds beyond the live bytes of a phase's short-lived tensors."""
+    return heap_slack(phase, churn) if device == "cpu" else allocator_reserve(phase, churn, what)
 
 
 def with_parts(plan: MemoryPlan, extra: Iterable[Part]) -> MemoryPlan:

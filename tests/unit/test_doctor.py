@@ -129,6 +129,30 @@ def test_memory_shows_the_plan_by_part_and_what_fits(tmp_path, monkeypatch):
     assert dc.check_memory(cfg).status == dc.WARN  # fits the machine, not what is free now
 
 
+def test_memory_on_a_qwen_shape_and_a_gpu_shows_the_margin_kept_free(tmp_path, monkeypatch):
+    """Qwen2.5-1.5B from its config.json alone (no weights), vLLM at half of an 80 GB GPU (a simulated
+    budget): the plan by part, the margin, and a micro-batch whose peak leaves the margin free."""
+    from swarm_node.node import memory_budget as mb
+    from tests.unit.test_memory_plan import GPU_80GB, QWEN_1_5B
+
+    model = tmp_path / "qwen2.5-1.5b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN_1_5B))
+    monkeypatch.setattr(mb, "machine_budget", lambda device: GPU_80GB)
+    cfg = _cfg(tmp_path, f'model.name="{model}"', 'generation.backend="vllm"',
+               "generation.vllm_gpu_memory_utilization=0.5", "train.micro_batch_size=0")
+    r = dc.check_memory(cfg)
+    assert r.status == dc.PASS and "1544M parameters" in r.detail, r
+    assert "7.92 GiB of it kept free (10% of the GPU)" in r.detail
+    names = [line.split()[0] for line in r.more]
+    assert {"generator", "CUDA", "spot-check", "reserve"} <= set(names) and names[-3:] == ["peak", "margin", "expected"]
+    micro_batch = int(r.detail.split("micro-batch ")[1].split()[0].rstrip(","))
+    plan = mb.node_plan(cfg, mb.ModelShape.from_config(QWEN_1_5B), "cuda", micro_batch=micro_batch,
+                        checkpointing="gradient checkpointing" in r.detail, gpu_total=GPU_80GB.total)
+    assert GPU_80GB.available - plan.total >= GPU_80GB.margin  # the margin stays free at the peak
+    assert mb.gib(GPU_80GB.available - plan.total) in r.more[names.index("margin")]
+
+
 def test_exit_code_counts_required_failures_only():
     def fixed(status):
         return lambda: dc.Result(status, "x", "do y")

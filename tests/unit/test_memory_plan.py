@@ -5,6 +5,7 @@ peaks is benchmarks/memory_plan.py)."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -56,7 +57,9 @@ def test_parts_add_up_to_static_plus_the_largest_phase():
     assert slack == int((memory.CPU_HEAP_FACTOR - 1) * churn)
     assert p.allocated == p.total - memory.CPU_BASELINE_BYTES - slack
     gpu = plan(device="cuda")
-    assert gpu.total - gpu.allocated == memory.CUDA_CONTEXT_BYTES and "heap slack" not in gpu.by_name()
+    reserve = gpu.by_name()["reserve (train)"]  # CUDA's counterpart of the heap slack: not live bytes
+    assert reserve == int((memory.CUDA_ALLOCATOR_RESERVE - 1) * churn)
+    assert gpu.total - gpu.allocated == memory.CUDA_CONTEXT_BYTES + reserve and "heap slack" not in gpu.by_name()
     # CUDA's multi-tensor AdamW holds a float32 temporary per element during the update
     assert gpu.by_name()["optimizer step"] == SMOL.params * 4
 
@@ -208,3 +211,126 @@ def test_train_refuses_before_loading_the_model(capsys, monkeypatch, tmp_path):
     errors = [ln for ln in err if ln.startswith("swarm-node: error:")]
     assert code == 2 and len(errors) == 1 and "does not fit" in errors[0] and "Traceback" not in "\n".join(err)
     assert not (tmp_path / "cache").exists()
+
+
+# Qwen2.5-1.5B(-Instruct)'s config.json sizes: 12 query heads share 2 key/value heads, 152k vocabulary
+QWEN_1_5B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536,
+             "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
+GPU_80GB = mb.Budget("cuda", int(79.2 * GIB), int(79.2 * GIB), "GPU memory (cuda:0)")
+
+
+def _saved_bytes(model: torch.nn.Module, rows: int, prompt: int, completion: int) -> int:
+    """Bytes of the distinct storages autograd saves for the backward pass of the scorer's grad pass."""
+    from swarm_node.policy.scoring import token_logprobs
+
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 250, (prompt,), generator=gen)
+    completions = [torch.randint(3, 250, (completion,), generator=gen) for _ in range(rows)]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs(model, [ids] * rows, completions, 1.0, rows)
+    return sum(seen.values())
+
+
+def test_grouped_heads_expanded_by_sdpa_are_counted():
+    """Qwen2.5 shares each key/value head across 6-7 query heads; under a mask SDPA expands them to every
+    query head and autograd keeps the copies. Counted on a 7:1 model built in code, the plan's
+    activations (plus the saved logits) match what autograd keeps; without the expansion they would
+    fall short by far more than the calibration's spread."""
+    from swarm_node.policy import tiny
+
+    name, rows, prompt, completion = "tiny-random:224x2-g7", 4, 96, 64
+    model = tiny.build_tiny_model(tiny.parse_tiny_spec(name), tiny.build_tiny_tokenizer("a"))
+    shape = mb.model_shape_of_name(name)
+    assert (shape.heads, shape.kv_heads) == (7, 1)
+    saved = _saved_bytes(model, rows, prompt, completion)
+    planned = plan(rows, shape=shape, prompt=prompt, completion=completion).by_name()["activations"]
+    logits = rows * completion * shape.vocab * 4  # [b, T, V] float32, saved by sampled_logprobs
+    expanded = shape.layers * rows * (prompt + completion) * shape.heads * shape.head_dim * (4 + 4)
+    assert 0.93 < saved / (planned + logits) < 1.07
+    assert saved / (planned - expanded + logits) > 1.15
+    ungrouped = ModelShape(**{**shape.__dict__, "kv_heads": shape.heads})
+    with_own_heads = plan(rows, shape=ungrouped, prompt=prompt, completion=completion).by_name()["activations"]
+    assert with_own_heads < planned + expanded  # no grouping: nothing to expand
+
+
+def test_a_gpu_plan_keeps_headroom_and_the_fit_a_margin():
+    """Qwen2.5-1.5B full fine-tuning with vLLM at half of an 80 GB GPU: the plan holds the allocator's
+    reserve, the CUDA context, vLLM's CUDA graphs and the spot-check's pass, and the micro-batch picked
+    leaves FIT_MARGIN of the GPU free (the plan before them took micro-batch 7 at 79.0 of 79.2 GiB)."""
+    qwen = ModelShape.from_config(QWEN_1_5B)
+    assert round(qwen.params / 1e9, 2) == 1.54
+    cfg = _cfg('model.name="Qwen/Qwen2.5-1.5B-Instruct"', 'generation.backend="vllm"',
+               "generation.vllm_gpu_memory_utilization=0.5", "train.micro_batch_size=0")
+    chosen = mb.fit(cfg, qwen, GPU_80GB)
+    parts = chosen.plan.by_name()
+    assert parts["baseline"] == memory.CUDA_CONTEXT_BYTES and parts["CUDA graphs"] == memory.VLLM_CUDA_GRAPH_BYTES
+    assert parts["generator"] == int(0.5 * GPU_80GB.total) and parts["spot-check"] > 0
+    assert parts["reserve (train)"] > 0 and 0.45 < parts["compute copy"] / parts["weights"] < 0.5  # bf16
+    assert GPU_80GB.margin == int(0.1 * GPU_80GB.total)
+    assert chosen.plan.total <= GPU_80GB.available - GPU_80GB.margin
+    bigger = mb.node_plan(cfg, qwen, "cuda", micro_batch=chosen.micro_batch + 1,
+                          checkpointing=chosen.gradient_checkpointing, gpu_total=GPU_80GB.total)
+    assert bigger.total > GPU_80GB.usable  # the largest that leaves the margin free
+    eager = _cfg('generation.backend="vllm"', "generation.vllm_enforce_eager=true")
+    assert "CUDA graphs" not in mb.node_plan(eager, qwen, "cuda", micro_batch=1, gpu_total=GPU_80GB.total).by_name()
+    # a GPU without bf16 (V100, T4): the trainer computes in float32, so the plan does
+    no_bf16 = mb.node_plan(cfg, qwen, "cuda", micro_batch=1, gpu_total=GPU_80GB.total, bf16=False).by_name()
+    assert "compute copy" not in no_bf16 and no_bf16["logits"] > mb.node_plan(
+        cfg, qwen, "cuda", micro_batch=1, gpu_total=GPU_80GB.total).by_name()["logits"]
+    assert "kept free" in GPU_80GB.describe() and "kept free" not in _budget(8).describe()  # no margin on a CPU
+
+
+def test_the_spot_check_pass_is_planned_in_the_nodes_compute_dtype():
+    cfg = _cfg('generation.backend="hf"', "swarm.spot_check.completions=4", "generation.max_new_tokens=256")
+    on = mb.node_plan(cfg, SMOL, "cuda", micro_batch=1, prompt_tokens=100, gpu_total=80 * GIB).by_name()
+    bf16_logits = 4 * 256 * SMOL.vocab * 2  # [4 completions, 256, V] in bf16: no float32 copy of them
+    assert on["spot-check"] > bf16_logits and on["spot-check"] < bf16_logits + 2 * 4 * 256 * SMOL.vocab * 2 + GIB
+    for off in ("swarm.enabled=false", "swarm.spot_check.enabled=false"):
+        assert "spot-check" not in mb.node_plan(_cfg(off), SMOL, "cuda", micro_batch=1, gpu_total=80 * GIB).by_name()
+
+
+def test_a_model_not_in_the_cache_is_planned_from_its_config_alone(monkeypatch, tmp_path, caplog):
+    import huggingface_hub
+
+    fetched = []
+
+    def config_only(repo_id, filename, revision=None, **_):  # the hub, serving only config.json
+        fetched.append((repo_id, filename))
+        (tmp_path / "config.json").write_text(json.dumps(QWEN_1_5B))
+        return str(tmp_path / "config.json")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", config_only)
+    monkeypatch.setattr(mb, "machine_budget", lambda device: GPU_80GB)
+    cfg = NodeConfig.load(None, ['model.name="Qwen/Qwen2.5-1.5B-Instruct"', "train.micro_batch_size=0",
+                                 'generation.backend="vllm"', "generation.vllm_gpu_memory_utilization=0.5"])
+    with caplog.at_level("INFO", logger="swarm_node.node.preflight"):
+        preflight.fit_memory(cfg, None)
+    assert fetched == [("Qwen/Qwen2.5-1.5B-Instruct", "config.json")]
+    expected = mb.fit(cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_size": 0})}),
+                      ModelShape.from_config(QWEN_1_5B), GPU_80GB)
+    assert cfg.train.micro_batch_size == expected.micro_batch < 8  # planned, not the default 8
+    assert "fetched from the hub" in caplog.text
+
+    def offline(*_a, **_k):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    cfg = NodeConfig.load(None, ['model.name="Qwen/Qwen2.5-1.5B-Instruct"', "train.micro_batch_size=0"])
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("swarm_node.node.preflight").addHandler(handler)
+    try:
+        preflight.fit_memory(cfg, None)
+    finally:
+        logging.getLogger("swarm_node.node.preflight").removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert cfg.train.micro_batch_size == 8 and len(lines) == 1 and "\n" not in lines[0]
+    assert "could not be fetched from the hub (OSError: We couldn't connect" in lines[0]

@@ -145,10 +145,13 @@ def check_disk(cfg: NodeConfig) -> Result:
 
 def check_memory(cfg: NodeConfig) -> Result:
     """The memory plan (`swarm_node.node.memory_budget`) fitted to this machine as `join` fits it: the
-    micro-batch it would run with, and the plan part by part."""
-    shape = mb.model_shape_of_name(cfg.model.name, cfg.model.revision)
+    micro-batch it would run with, the plan part by part and the margin kept free. A hub model not in
+    the local cache is planned from its config.json alone, as `join` plans it."""
+    shape, source = preflight.fetch_model_shape(cfg.model.name, cfg.model.revision)
     if shape is None:
-        return Result(SKIP, f"shape of {cfg.model.name} unknown until it is downloaded")
+        return Result(WARN, f"no plan for {cfg.model.name}: {source}",
+                      "join then runs train.micro_batch_size unchecked: connect this machine to the hub once, or "
+                      "pass a local model directory")
     try:
         budget = mb.machine_budget(cfg.model.device)
     except ImportError:
@@ -166,9 +169,10 @@ def check_memory(cfg: NodeConfig) -> Result:
         try:  # it fits this machine, not what is free now: a warning
             chosen = mb.fit(cfg, shape, replace(budget, available=budget.total), prompt)
         except SwarmNodeError:
-            plan = mb.node_plan(cfg, shape, budget.device, prompt_tokens=prompt, gpu_total=budget.total)
-            return Result(FAIL, e.what, e.fix or "", plan_lines(plan))
-        return Result(WARN, e.what, "close other programs first, or " + (e.fix or ""), plan_lines(chosen.plan))
+            plan = mb.node_plan(cfg, shape, budget.device, prompt_tokens=prompt, gpu_total=budget.total,
+                                bf16=budget.bf16)
+            return Result(FAIL, e.what, e.fix or "", plan_lines(plan, budget))
+        return Result(WARN, e.what, "close other programs first, or " + (e.fix or ""), plan_lines(chosen.plan, budget))
     plan = chosen.plan
     picked = " (picked: train.micro_batch_size=0)" if not cfg.train.micro_batch_size else ""
     how = (f"micro-batch {chosen.micro_batch}{picked}"
@@ -177,8 +181,8 @@ def check_memory(cfg: NodeConfig) -> Result:
               and not cfg.train.gradient_checkpointing else ""))
     tokens = f"prompt {prompt or cfg.generation.max_prompt_tokens}" + ("" if prompt else " (max_prompt_tokens)")
     return Result(PASS, f"~{mb.gib(plan.total)} planned for {shape.params / 1e6:.0f}M parameters, {how}, {tokens} + "
-                  f"{cfg.generation.max_new_tokens} tokens; {mb.gib(budget.available)} of {mb.gib(budget.total)} "
-                  f"{budget.where} available", "", (*plan_lines(plan), *expected_lines(cfg, shape, budget, chosen)))
+                  f"{cfg.generation.max_new_tokens} tokens; {budget.describe()}", "",
+                  (*plan_lines(plan, budget), *expected_lines(cfg, shape, budget, chosen)))
 
 
 def expected_lines(cfg: NodeConfig, shape: ModelShape, budget: mb.Budget, chosen: mb.Fit) -> tuple[str, ...]:
@@ -189,18 +193,24 @@ def expected_lines(cfg: NodeConfig, shape: ModelShape, budget: mb.Budget, chosen
                 "the node's first steps doctor also shows the plan at the lengths it generated",)
     plan = mb.node_plan(cfg, shape, budget.device, micro_batch=chosen.micro_batch,
                         checkpointing=chosen.gradient_checkpointing, prompt_tokens=seen.prompt_tokens,
-                        completion_tokens=seen.completion_tokens, gpu_total=budget.total)
+                        completion_tokens=seen.completion_tokens, gpu_total=budget.total, bf16=budget.bf16)
     return (f"{'expected':<20} {mb.gib(plan.total):>10}  at this node's longest sequences so far: prompt "
             f"{seen.prompt_tokens} + completion {seen.completion_tokens} tokens over {seen.steps} logged steps",)
 
 
-def plan_lines(plan: MemoryPlan) -> tuple[str, ...]:
-    """A memory plan part by part, one line each, with the phase each belongs to."""
+def plan_lines(plan: MemoryPlan, budget: mb.Budget | None = None) -> tuple[str, ...]:
+    """A memory plan part by part, one line each, with the phase each belongs to; with a budget that
+    keeps a margin (a GPU), the margin and what is left free at the peak."""
     order = ("baseline", "static", "train", "update", "generate", "load")
     parts = sorted(plan.parts, key=lambda p: order.index(p.phase) if p.phase in order else len(order))
     lines = [f"{p.name:<20} {mb.gib(p.bytes):>10}  {p.phase:<9} {p.note}" for p in parts]
     peak = plan.peak_phase
-    return (*lines, f"{'peak':<20} {mb.gib(plan.total):>10}  baseline + static + {peak} (phases do not overlap)")
+    lines.append(f"{'peak':<20} {mb.gib(plan.total):>10}  baseline + static + {peak} (phases do not overlap)")
+    if budget is not None and budget.margin:
+        left = budget.available - plan.total
+        lines.append(f"{'margin':<20} {mb.gib(budget.margin):>10}  kept free: {mb.FIT_MARGIN:.0%} of the GPU; "
+                     f"{mb.gib(max(left, 0))} free at the peak")
+    return tuple(lines)
 
 
 def check_ports(cfg: NodeConfig) -> Result:
