@@ -260,6 +260,9 @@ def test_sender_keeps_its_declared_group_size() -> None:
     assert adm.group_reason(_group("peerA", a[0], version=0, g=4), 0) is None
     assert adm.group_reason(_group("peerA", a[2], version=1, g=2, seed=3), 0) == GROUP_SIZE_CHANGED
     assert adm.group_reason(_group("peerA", a[3], version=1, g=4, seed=4), 0) is None
+    # A version-4 entry declaring another G is refused before its group is fetched.
+    assert adm.entry_reason("peerA", a[4], 100.0, group_size=2) == GROUP_SIZE_CHANGED
+    assert adm.entry_reason("peerA", a[4], 100.0, group_size=4) is None
 
 
 def test_replay_under_another_identity_is_a_duplicate() -> None:
