@@ -323,10 +323,12 @@ def weight_lines(table: dict, spec: Any, pair: Any) -> list[str]:
             row = table.get(f"{pair.name}|{arm.name}|{node}")
             if row is None or arm.isolated:
                 continue
+            filtered = arm.filter == "on"  # the objective counts the conditions only where the filter applies
+            adv, kl = (row["peer_filtered_advantage_fraction"], row["peer_filtered_kl_fraction"]) if filtered \
+                else (math.nan, math.nan)
             rows.append(f"| {arm.name} | {spec.peer_lag(arm)} | {node} | {_fmt(row['is_weight_peer_mean'], math.nan, 3)} | "
                         f"{_g(row['is_weight_peer_max'])} | {_fmt(row['truncated_peer_fraction'], math.nan, 4)} | "
-                        f"{_fmt(row['peer_filtered_advantage_fraction'], math.nan, 3)} | "
-                        f"{_fmt(row['peer_filtered_kl_fraction'], math.nan, 4)} | {_fmt(row['peer_groups_taken'], math.nan, 0)} |")
+                        f"{_fmt(adv, math.nan, 3)} | {_fmt(kl, math.nan, 4)} | {_fmt(row['peer_groups_taken'], math.nan, 0)} |")
     if not rows:
         return []
     return [f"Importance weights and the filter ({pair.name}; per run, mean over seeds): lag = steps a peer group "
