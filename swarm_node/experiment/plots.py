@@ -87,6 +87,7 @@ def plot_lags(table: dict, spec: Any, pair: Any, path: Path) -> None:
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xscale("symlog", linthresh=1.0)
         lags = sorted({spec.peer_lag(a) for a in spec.pair_arms(pair) if not a.isolated})
+        ax.set_xlim(-0.3, max(lags) * 1.3 + 0.3)
         ax.set_xticks(lags)
         ax.set_xticklabels([str(k) for k in lags])
         ax.set_title(f"{pair.name}: {node}", fontsize=9)
