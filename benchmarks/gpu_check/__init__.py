@@ -30,7 +30,7 @@ imports no network code (no hivemind, no vLLM unless `--backend vllm`), so it ru
 only torch, transformers, peft and the project's small pure dependencies (scripts/device_check.sh
 carries them there). Prints one JSON object as its last line.
 
-    python -m benchmarks.gpu_check --device cuda            # 10M, 100M, 500M and GQA shapes, ~5 min on one GPU
+    python -m benchmarks.gpu_check --device cuda            # 10M, 100M, 500M and GQA shapes (not yet run on a GPU)
     python -m benchmarks.gpu_check --device cpu --quick     # 10M, 30M and GQA shapes at small sizes, HF backend
 """
 
