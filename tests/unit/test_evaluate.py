@@ -76,7 +76,8 @@ class ScriptedModel:
         self.training = mode
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
-        assert kw["do_sample"] is False
+        config = kw["generation_config"]  # the node's own settings (policy.greedy.pinned_config)
+        assert config.do_sample is False and config.repetition_penalty == 1.0
         self.seen.append((input_ids, attention_mask))
         rows = []
         for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
@@ -84,7 +85,7 @@ class ScriptedModel:
             question = next(q for q in self.replies if q in prompt)
             out = self.tok(self.replies[question], add_special_tokens=False)["input_ids"]
             out = out + ([self.tok.eos_token_id] if self.stop[question] else [])
-            rows.append(out[: kw["max_new_tokens"]])
+            rows.append(out[: config.max_new_tokens])
         width = max(len(r) for r in rows)
         pad = self.tok.pad_token_id
         new = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
