@@ -61,7 +61,8 @@ def metric_rows(table: dict, spec: Any, metric: Metric) -> list[dict[str, Any]]:
                 mean, half = row["d_aucs"][key]
                 out.append({"pair": pair.name, "arm": arm.name, "own_budget": arm.own_budget, "node": node,
                             "key": key, "d_auc": mean,
-                            "half": half, "auc": row["aucs"][key][0], "n": len(row["seeds"]),
+                            "half": half, "auc": row["aucs"][key][0],
+                            "n": len(row.get("paired_seeds", row["seeds"])),  # the seeds Δ is over
                             "verdict": verdict(mean, half)})
                 if key in row.get("d_aucs_reference", {}):
                     ref_mean, ref_half = row["d_aucs_reference"][key]

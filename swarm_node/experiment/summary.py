@@ -248,7 +248,7 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
                 paired = sorted(s for s in runs if s in iso)
                 keys = sorted(set.intersection(*(set(r.get("aucs", {})) for r in runs.values())))
                 ref = reference_runs(data, pair, node, spec) if not arm.isolated else None
-                row = {"seeds": sorted(runs),
+                row = {"seeds": sorted(runs), "paired_seeds": paired,
                        "aucs": {k: mean_ci([r["aucs"][k] for r in runs.values()]) for k in keys},
                        "d_aucs": _paired(runs, iso, keys),
                        **({"reference": ref[0], "d_aucs_reference": _paired(runs, ref[1], keys)} if ref else {}),
