@@ -22,6 +22,19 @@ def _curve(runs: dict, key: str) -> tuple[list[int], list[tuple[float, float]]] 
     return steps, [mean_ci([vals[s][r["steps"].index(st)] for s, r in runs.items()]) for st in steps]
 
 
+def _arm_runs(data: dict, spec: Any, pair: Any, node: str) -> list[tuple[Any, dict]]:
+    """(arm, the node's runs) for the pair's arms; a pair without an isolated arm gets the node's isolated
+    runs from another pair (the same runs: `summary.isolated_runs`), drawn first."""
+    out = [(arm, data.get(pair.name, {}).get(arm.name, {}).get(node, {})) for arm in spec.pair_arms(pair)]
+    if not any(arm.name == "isolated" for arm in spec.pair_arms(pair)):
+        iso = next((a for a in spec.arms if a.name == "isolated"), None)
+        runs = next((r for p in spec.pairs if node in p.nodes
+                     for r in [data.get(p.name, {}).get("isolated", {}).get(node, {})] if r), {})
+        if iso is not None and runs:
+            out.insert(0, (iso, runs))
+    return out
+
+
 def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
     import matplotlib
 
@@ -34,8 +47,7 @@ def plot_pair(data: dict, spec: Any, pair: Any, path: Path) -> None:
     for row, metric in enumerate(metrics):
         for ax, node in zip(axes[row], pair.nodes, strict=True):
             key = metric_key(spec, node, metric)
-            for arm in spec.pair_arms(pair):
-                runs = data.get(pair.name, {}).get(arm.name, {}).get(node, {})
+            for arm, runs in _arm_runs(data, spec, pair, node):
                 curve = _curve(runs, key) if runs and key else None
                 if curve is None:
                     continue
