@@ -269,3 +269,69 @@ def test_compare_pairs_two_arms_of_different_pairs_by_seed(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["delta_auc"] == pytest.approx(0.1)
     assert main([str(tmp_path / "missing"), "het/f-tis", "hom/homogeneous", "a"]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+CONTRAST_SPEC = """
+[experiment]
+seeds = [0, 1, 2]
+steps = 10
+[metrics]
+primary = "overall"
+contrasts = ["p/f-tis - q/f-tis"]
+[[nodes]]
+name = "a"
+model = "tiny-random:64x1"
+[[nodes]]
+name = "b"
+model = "tiny-random:32x1"
+[[nodes]]
+name = "c"
+model = "tiny-random:32x1:c"
+[[pairs]]
+name = "p"
+nodes = ["a", "b"]
+arms = ["f-tis"]
+[[pairs]]
+name = "q"
+nodes = ["a", "c"]
+[[arms]]
+name = "isolated"
+isolated = true
+[[arms]]
+name = "f-tis"
+correction = "tis"
+filter = "on"
+"""
+
+
+def test_contrasts_starting_points_and_paired_n(tmp_path):
+    """A contrast between two pairs is paired by seed for the node they share; a pair without an isolated
+    arm is paired with the node's isolated runs of another pair, and n counts the paired seeds only."""
+    from swarm_node.experiment.primary import metric_rows
+    from swarm_node.experiment.summary import contrast_rows, starting_lines
+
+    spec = _spec(tmp_path, CONTRAST_SPEC)
+
+    def run(auc, start=0.1):
+        return {"final": auc, "auc": auc, "acc": [start, auc], "steps": [0, 10], "aucs": {"accuracy": auc},
+                "curves": {"accuracy": [start, auc]}, "finals": {"accuracy": auc}}
+
+    data = {"q": {"isolated": {"a": {s: run(0.2 + s / 10, start=0.1 + s / 100) for s in (0, 1)},
+                               "c": {s: run(0.3) for s in (0, 1, 2)}},
+                  "f-tis": {"a": {s: run(0.3 + s / 10) for s in (0, 1, 2)}}},
+            "p": {"f-tis": {"a": {s: run(0.25 + s / 10 + s / 100) for s in (0, 1, 2)}}}}
+    table = summarise(data, spec)
+    rows = {(r["pair"], r["node"]): r for r in metric_rows(table, spec, "overall")}
+    assert rows[("p", "a")]["d_auc"] == pytest.approx(0.055) and rows[("p", "a")]["n"] == 2  # seed 2: no isolated run
+    (c,) = contrast_rows(data, spec)
+    diffs = [-0.05, -0.04, -0.03]  # p - q for node a, per seed
+    assert (c["contrast"], c["node"], c["key"], c["n"]) == ("p/f-tis - q/f-tis", "a", "accuracy", 3)
+    assert (c["d_auc"], c["half"]) == (pytest.approx(-0.04), pytest.approx(mean_ci(diffs)[1]))
+    assert c["verdict"] == "loss"
+    start, lines = starting_lines(data, spec)
+    assert start["a"]["overall"][0] == pytest.approx(0.105) and start["a"]["seeds"] == [0, 1]
+    assert set(start) == {"a", "c"} and any(line.startswith("| a | tiny-random:64x1 |") for line in lines)
+    with pytest.raises(ValueError, match="share no node"):
+        _spec(tmp_path, CONTRAST_SPEC.replace('nodes = ["a", "c"]', 'nodes = ["c"]'))
+    with pytest.raises(ValueError, match="PAIR/ARM - PAIR/ARM"):
+        _spec(tmp_path, CONTRAST_SPEC.replace("p/f-tis - q/f-tis", "p/f-tis"))
