@@ -36,6 +36,7 @@ def test_training_path_imports_no_network_code() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the check's own limit below; it took 666 s at load 7-12 (the 152k-vocabulary shape)
 def test_cpu_device_check_proves_what_it_claims() -> None:
     proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=1800, check=False)
