@@ -14,6 +14,9 @@ When the file declares a "just more samples" reference (an isolated arm with `ow
 `isolated-2x`), each metric also gets the swarm arms' paired Δ AUC to that reference
 (`d_aucs_reference`): above 0, the peers gave a node more than twice its own samples would have;
 level or below, the gain over isolated is no more than more samples give.
+
+The file's contrasts (`metrics.contrasts`, "PAIR/ARM - PAIR/ARM") are paired by seed the same way,
+for each node the two pairs share (`contrast_rows`).
 """
 
 from __future__ import annotations
@@ -116,3 +119,38 @@ def fixed_metrics(table: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
     for s in secondary:
         lines += metric_markdown(s["rows"], s["metric"], False)
     return {"primary": primary, "secondary": secondary}, lines
+
+
+def contrast_rows(data: dict, spec: Any) -> list[dict[str, Any]]:
+    """The file's contrasts (`metrics.contrasts`): per contrast, shared node and metric, the paired Δ AUC."""
+    from swarm_node.experiment.compare import paired_delta
+    from swarm_node.experiment.spec import parse_contrast
+
+    out = []
+    pairs = {p.name: p for p in spec.pairs}
+    for text in spec.metrics.contrasts:
+        (pa, aa), (pb, ab) = parse_contrast(text)
+        shared = [n for n in pairs[pa].nodes if n in pairs[pb].nodes]
+        for metric in (spec.metrics.primary, *spec.metrics.secondary):
+            for node in shared:
+                key = metric_key(spec, node, metric)
+                if key is None:
+                    continue
+                try:
+                    mean, half, n = paired_delta(data, f"{pa}/{aa}", f"{pb}/{ab}", node, key)
+                except ValueError:
+                    continue
+                out.append({"contrast": text, "node": node, "metric": metric, "key": key, "d_auc": mean,
+                            "half": half, "n": n, "verdict": verdict(mean, half)})
+    return out
+
+
+def contrast_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Contrasts fixed in the file", "", "Paired by seed, the same node in both arms: Δ AUC of the first "
+             "arm minus the second.", "", "| contrast | node | metric | Δ AUC | clears 0 | n |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['contrast']} | {r['node']} | {r['key']} | {_fmt(r['d_auc'], r['half'])} | {r['verdict']} | "
+              f"{r['n']} |" for r in rows]
+    return lines + [""]

@@ -24,7 +24,7 @@ from typing import Any
 
 from swarm_node.util.atomic import atomic_write_text
 from swarm_node.experiment.plots import plot_lags, plot_pair
-from swarm_node.experiment.primary import fixed_metrics, verdict
+from swarm_node.experiment.primary import contrast_lines, contrast_rows, fixed_metrics
 from swarm_node.experiment.stats import curve_auc, mean_ci
 from swarm_node.util.machine import describe
 
@@ -368,48 +368,6 @@ def starting_lines(data: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
         lines.append(f"| {name} | {base} | {_fmt(*row['overall'])} | {_fmt(*row.get('weak', (math.nan, math.nan)))} | "
                      f"{_fmt(*row['isolated_final_weak'])} | {len(row['seeds'])} |")
     return out, lines + [""]
-
-
-def contrast_rows(data: dict, spec: Any) -> list[dict[str, Any]]:
-    """The file's contrasts (`metrics.contrasts`): per contrast, shared node and metric, the paired Δ AUC."""
-    from swarm_node.experiment.compare import paired_delta
-    from swarm_node.experiment.primary import metric_key
-    from swarm_node.experiment.spec import parse_contrast
-
-    out = []
-    pairs = {p.name: p for p in spec.pairs}
-    for text in spec.metrics.contrasts:
-        (pa, aa), (pb, ab) = parse_contrast(text)
-        shared = [n for n in pairs[pa].nodes if n in pairs[pb].nodes]
-        for metric in (spec.metrics.primary, *spec.metrics.secondary):
-            for node in shared:
-                key = metric_key(spec, node, metric)
-                if key is None:
-                    continue
-                try:
-                    mean, half, n = paired_delta(data, f"{pa}/{aa}", f"{pb}/{ab}", node, key)
-                except ValueError:
-                    continue
-                out.append({"contrast": text, "node": node, "metric": metric, "key": key, "d_auc": mean,
-                            "half": half, "n": n, "verdict": verdict(mean, half)})
-    return out
-
-
-def contrast_lines(rows: list[dict[str, Any]]) -> list[str]:
-    if not rows:
-        return []
-    lines = ["## Contrasts fixed in the file", "", "Paired by seed, the same node in both arms: Δ AUC of the first "
-             "arm minus the second.", "", "| contrast | node | metric | Δ AUC | clears 0 | n |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['contrast']} | {r['node']} | {r['key']} | {_fmt_signed(r['d_auc'], r['half'])} | {r['verdict']} | "
-              f"{r['n']} |" for r in rows]
-    return lines + [""]
-
-
-def _fmt_signed(m: float, h: float) -> str:
-    if math.isnan(m):
-        return "-"
-    return f"{m:+.3f}" if math.isnan(h) else f"{m:+.3f} ± {h:.3f}"
 
 
 def crosstok_lines(table: dict, spec: Any, pair: Any) -> list[str]:

@@ -308,7 +308,8 @@ def test_contrasts_starting_points_and_paired_n(tmp_path):
     """A contrast between two pairs is paired by seed for the node they share; a pair without an isolated
     arm is paired with the node's isolated runs of another pair, and n counts the paired seeds only."""
     from swarm_node.experiment.primary import metric_rows
-    from swarm_node.experiment.summary import contrast_rows, starting_lines
+    from swarm_node.experiment.primary import contrast_rows
+    from swarm_node.experiment.summary import starting_lines
 
     spec = _spec(tmp_path, CONTRAST_SPEC)
 
