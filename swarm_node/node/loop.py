@@ -41,6 +41,7 @@ from swarm_node.node import own_rollouts
 from swarm_node.node import peer_rollouts
 from swarm_node.observe.health import HealthTracker
 from swarm_node.node.parts import NodeParts, PeerExchange
+from swarm_node.node.slots import SlotMemory
 from swarm_node.tasks.base import Problem
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class Node:
         self.health = HealthTracker(parts.exchange.transport if parts.exchange is not None else None)
         self._last_checkpoint_step = start_step
         self._last_republish = time.monotonic()
-        self._slot_window, self._slot = -1, -1  # the window of the last step and its slot there
+        self._slots = SlotMemory(self.cfg.node_dir)  # the window of the last step and its slot there
         sw = self.cfg.swarm
         self._pacing = own_rollouts.Pacing(sw.staleness_steps, sw.window_seconds)  # "Slow nodes"
         self._stale_warned_at: float | None = None  # time.monotonic() of the last warning about stale own groups
@@ -168,11 +169,12 @@ class Node:
         if started_at is None:
             started_at = parts.dht_time()  # the groups' created_at: when this step chose its prompts
         window = peer_rollouts.window_of(started_at, cfg.swarm.window_seconds)
-        self._slot = self._slot + 1 if window == self._slot_window else 0
-        self._slot_window = window
-        problems = self._choose_problems(window, self._slot)
+        slot = self._slots.next(window)
+        problems = self._choose_problems(window, slot)
         prompt_ids = peer_rollouts.render_prompts(parts, problems)
-        publishing = parts.exchange is not None and self._slot < cfg.swarm.slots_per_window
+        publishing = parts.exchange is not None and slot < cfg.swarm.slots_per_window
+        if publishing:
+            self._slots.save()  # before any group goes out: a restart in this window continues after it
         batches: list[own_rollouts.OwnBatch] = []
         pub, gen_seconds, start, n = own_rollouts.Published(), 0.0, 0, len(problems)
         t_dht = parts.dht_time()
@@ -306,7 +308,7 @@ class Node:
         """Whether own groups of `window` complete now go out: a slot peers accept (< swarm.slots_per_window),
         and not already older than peers read (a step that outlasted the freshness bound, or a pause)."""
         sw = self.cfg.swarm
-        if self._slot >= sw.slots_per_window:
+        if self._slots.slot >= sw.slots_per_window:
             return False
         return peer_rollouts.window_of(self.parts.dht_time(), sw.window_seconds) - window <= sw.staleness_steps
 

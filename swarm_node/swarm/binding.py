@@ -33,8 +33,8 @@ published steps per window; the rest train unpublished), a slow one uses slot 0 
 step started in and stamps that start time, so a step may span windows as long as it ends within
 the tolerance (with the defaults, 30 s windows and staleness 4: 120-150 s); a paused node starts
 at slot 0 of the window it resumes in. A node restarted within the window of its last published
-step begins again at slot 0: the groups it repeats are refused as `window_slot_overused` until the
-next window.
+step continues at the next slot (`node/slots.py` keeps the slot in its node directory): starting
+again at slot 0 would repeat prompts whose groups receivers refuse as `window_slot_overused`.
 """
 
 from __future__ import annotations

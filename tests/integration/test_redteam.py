@@ -302,7 +302,7 @@ def test_version_grinding_takes_nothing_and_honest_rates_pass(redteam) -> None:
         for _ in range(5):
             r = fast.step()
             assert r["error"] is None, r
-            slots.append(fast.node._slot)
+            slots.append(fast.node._slots.slot)
             took_slow += any(x.source == slow.peer_id for x in r["samples"] if x.is_peer)
         r = slow.step()
         assert r["error"] is None, r

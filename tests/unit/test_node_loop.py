@@ -198,3 +198,31 @@ def test_a_node_on_a_seeded_set_re_stores_it_and_reports_it_in_its_metrics(tmp_p
     assert m["dropped_tombstone_wrong_owner"] == 1 and m["total_dropped_tombstone_wrong_owner"] == 1
     assert node.run_step()["prompt_set_restores"] == 0  # per step
     node._shutdown()
+
+
+def test_a_node_restarted_in_the_window_of_its_last_step_continues_at_the_next_slot(tmp_path):
+    """Killed and restarted within one window, a node answers the window's next slot, not slot 0
+    again, whose prompts its receivers already took from it and would refuse as a fault."""
+    swarm = MemorySwarm(clock=Clock())  # every step in one window
+    extra = ["swarm.max_peer_fraction=1.0"]
+    receiver = make_node(tmp_path, swarm, "B", extra=extra)
+
+    def step_of(node: Node) -> set[int]:
+        published: list = []
+        publish = node.parts.exchange.publish_groups
+        node.parts.exchange.publish_groups = lambda groups, window: published.extend(groups) or publish(groups, window)
+        node.run_step()
+        return {g.prompt.index for g in published}
+
+    before = step_of(make_node(tmp_path, swarm, "R", extra=extra))
+    assert receiver.run_step()["peer_groups"] >= 1
+    restarted = make_node(tmp_path, swarm, "R", extra=extra)  # the first process was killed: no shutdown
+    after = step_of(restarted)
+    assert restarted.step == 2 and restarted._slots.slot == 1 and after and not after & before
+    m = receiver.run_step()
+    assert m["peer_groups"] >= 1 and "dropped_window_slot_overused" not in m, m
+    # Without the saved slot (a node directory from before it was kept), the restart repeats slot 0:
+    # exactly what receivers refuse.
+    (tmp_path / "R" / "slot.json").unlink()
+    assert step_of(make_node(tmp_path, swarm, "R", extra=extra)) == before
+    assert receiver.run_step().get("dropped_window_slot_overused", 0) >= 1
