@@ -40,8 +40,10 @@ Used by `RolloutExchange` while it gathers; every rule holds whatever peers publ
   per sender and window.
 * **Replays**: every completion of at least `MIN_FINGERPRINT_TOKENS` tokens is hashed (its token
   bytes); a group at least half of whose hashed completions were already taken from another sender,
-  or published by this node, is a replay (`duplicate`), whatever prompt it claims. Shorter
-  completions are no evidence: honest peers give the same short answer all the time.
+  or published by this node, is a replay (`duplicate`), whatever prompt it claims. Only copies of
+  improbable completions count (the first copy's logprobs sum to at most -`MIN_REPLAY_NATS`): short
+  or likely completions are no evidence, since honest peers of similar models draw them again (two
+  nodes warmed from one checkpoint did, in the soak).
 * **Token budget**: peer tokens accepted per gather are capped (`over_token_budget`), so the scoring
   work per step has a fixed bound.
 * **Logprob spot-checks** (`swarm_node/peers/spotcheck.py`, applied in `rollouts.peer_samples` after these
@@ -155,12 +157,19 @@ class Reputation:
 # A completion shorter than this is no fingerprint: honest peers with similar models produce the same
 # short answer (`\boxed{8}`) again and again, on the same prompt or another, so a match says nothing.
 MIN_FINGERPRINT_TOKENS = 16
+# Nor is a likely one: a completion whose first copy's logprobs sum above -MIN_REPLAY_NATS, an honest
+# sampler of a similar model draws again with probability above exp(-16) (about 1e-7), and peaky
+# models (two nodes warmed from one checkpoint, answering the same prompt) do, at any length.
+MIN_REPLAY_NATS = 16.0
 
 
-def completion_digests(group: RolloutGroup) -> list[bytes]:
-    """One digest per completion of at least MIN_FINGERPRINT_TOKENS tokens: its token bytes (not the
-    sender, not the prompt it claims). Shorter completions are left out of replay detection."""
-    return [hashlib.blake2b(c.token_ids.astype("<u4", copy=False).tobytes(), digest_size=16).digest()
+def completion_digests(group: RolloutGroup) -> list[tuple[bytes, bool]]:
+    """(digest, improbable) per completion of at least MIN_FINGERPRINT_TOKENS tokens: the digest of its
+    token bytes (not the sender, not the prompt it claims), and whether its declared logprobs make
+    it improbable enough (MIN_REPLAY_NATS) that another copy is evidence of a replay. Shorter
+    completions are left out of replay detection."""
+    return [(hashlib.blake2b(c.token_ids.astype("<u4", copy=False).tobytes(), digest_size=16).digest(),
+             -float(c.logprobs.sum(dtype="float64")) >= MIN_REPLAY_NATS)
             for c in group.completions if len(c.token_ids) >= MIN_FINGERPRINT_TOKENS]
 
 
@@ -179,7 +188,8 @@ class Admission:
         self.max_tokens_per_gather = max_tokens_per_gather
         self.reputation = reputation or Reputation()
         self._declared_g: dict[str, tuple[int, int]] = {}  # sender -> (G, window last seen)
-        self._completions: dict[bytes, tuple[str, int]] = {}  # completion digest -> (sender, window)
+        # completion digest -> (sender, window) of its first copy, for copies improbable to draw twice
+        self._completions: dict[bytes, tuple[str, int]] = {}
         self._tokens_left = math.inf
 
     # ---- per gather ------------------------------------------------------------------------
@@ -256,7 +266,7 @@ class Admission:
         if declared is not None and declared[0] != len(group.completions):
             return GROUP_SIZE_CHANGED
         digests = completion_digests(group)
-        replayed = sum(1 for d in digests if d in self._completions and self._completions[d][0] != group.sender)
+        replayed = sum(1 for d, _ in digests if d in self._completions and self._completions[d][0] != group.sender)
         if digests and 2 * replayed >= len(digests):
             return DUPLICATE
         if group.num_tokens > self._tokens_left:
@@ -265,15 +275,17 @@ class Admission:
         if bound:
             self.binding.take(group)
         self._declared_g[group.sender] = (len(group.completions), window)
-        for d in digests:
-            self._completions.setdefault(d, (group.sender, window))
+        for d, improbable in digests:
+            if improbable:  # the first copy decides: a replay's forged logprobs cannot unmark it
+                self._completions.setdefault(d, (group.sender, window))
         return None
 
     def remember_own(self, groups: Iterable[RolloutGroup], window: int) -> None:
         """This node's own published completions: a peer replaying them is a `duplicate` too."""
         for group in groups:
-            for d in completion_digests(group):
-                self._completions.setdefault(d, (group.sender, window))
+            for d, improbable in completion_digests(group):
+                if improbable:
+                    self._completions.setdefault(d, (group.sender, window))
 
     def forget_before(self, oldest_window: int) -> None:
         """Drop memory of windows no longer read (a sender's G is kept while it publishes)."""

@@ -298,6 +298,21 @@ def test_the_same_short_answer_from_honest_peers_is_not_a_replay() -> None:
     assert adm.group_reason(replace(mine, sender="honest-other", prompt=replace(mine.prompt, index=4)), 0) is None
 
 
+def test_a_likely_completion_drawn_again_by_an_honest_peer_is_not_a_replay() -> None:
+    """Two nodes warmed from one checkpoint draw the same long answer when their models are peaky: a
+    copy counts only if its first copy was improbable (MIN_REPLAY_NATS), whatever the replay declares."""
+    adm = Admission()
+    peaky = _group("me", 3, seed=11, tokens=MIN_FINGERPRINT_TOKENS)
+    peaky = replace(peaky, completions=tuple(replace(c, logprobs=np.full(len(c.token_ids), -0.1, np.float32))
+                                             for c in peaky.completions))  # 1.6 nats each: likely
+    adm.remember_own([peaky], 0)
+    assert adm.group_reason(replace(peaky, sender="honest-twin"), 0) is None
+    rare = _group("me", 4, seed=12, tokens=MIN_FINGERPRINT_TOKENS)  # 16 nats each: improbable
+    adm.remember_own([rare], 0)
+    forged = tuple(replace(c, logprobs=np.full(len(c.token_ids), -0.01, np.float32)) for c in rare.completions)
+    assert adm.group_reason(replace(rare, sender="mallory", completions=forged), 0) == DUPLICATE
+
+
 def test_token_budget_per_gather() -> None:
     adm = Admission(max_tokens_per_gather=30)
     adm.begin_gather()
