@@ -45,6 +45,8 @@ from swarm_node.config.objective import (
 from swarm_node.config.toml_text import apply_override
 from swarm_node.experiment.warmup import WarmupSpec
 
+QUICK_WARMUP_STEPS = 20  # `--quick` checks that a file runs: its warm models need not be warm
+
 DEFAULT_CACHE = Path("~/.cache/swarm-node/experiment")
 MAX_PEER_LAG = 32
 
@@ -310,8 +312,12 @@ class ExperimentSpec(_Strict):
         return next(n for n in self.nodes if n.name == name)
 
     def quick(self) -> ExperimentSpec:
-        """A few steps, one seed, a small evaluation: checks that a file runs end to end."""
+        """A few steps, one seed, a small evaluation, warm-ups of QUICK_WARMUP_STEPS (cached apart
+        from the grid's, their steps being part of their key): checks that a file runs end to end."""
         q = self.model_copy(deep=True)
+        for node in q.nodes:
+            if node.warmup is not None:
+                node.warmup["steps"] = min(int(node.warmup.get("steps", QUICK_WARMUP_STEPS)), QUICK_WARMUP_STEPS)
         q.experiment.seeds = q.experiment.seeds[:1]
         q.experiment.steps = min(q.experiment.steps, 2)
         q.eval.every = q.experiment.steps

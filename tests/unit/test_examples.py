@@ -195,3 +195,18 @@ def test_staleness_sweep_lags_and_seeds(tmp_path):
         lag = spec.peer_lag(arm)
         assert cfg.swarm.staleness_steps >= lag + 1 or arm.isolated
         assert cfg.swarm.record_ttl_s > (lag + 1) * cfg.swarm.window_seconds
+
+
+def test_quick_runs_warm_briefly_and_keep_every_arm():
+    """`--quick` (which must finish in about 5 minutes) caps the warm-ups, whose steps are part of their
+    cache key, so a quick run neither trains 300-step warm-ups nor reuses or overwrites the grid's."""
+    from swarm_node.experiment.spec import QUICK_WARMUP_STEPS
+
+    for name in ("sandbox_staleness.toml", "sandbox_crosstok_long.toml"):
+        spec = _experiment(name)
+        quick = spec.quick()
+        assert [a.name for a in quick.arms] == [a.name for a in spec.arms] and len(quick.experiment.seeds) == 1
+        for full, short in zip(spec.nodes, quick.nodes, strict=True):
+            assert full.warmup["steps"] > QUICK_WARMUP_STEPS == short.warmup["steps"]
+            seed = quick.experiment.seeds[0]
+            assert full.warmup_for(spec, seed).cache_name() != short.warmup_for(quick, seed).cache_name()
