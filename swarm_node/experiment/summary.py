@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from swarm_node.util.atomic import atomic_write_text
+from swarm_node.experiment.pair_tables import crosstok_lines, fmt_ci, fmt_kl, offer_lines, weight_lines
 from swarm_node.experiment.plots import plot_lags, plot_pair
 from swarm_node.experiment.primary import contrast_lines, contrast_rows, fixed_metrics
 from swarm_node.experiment.stats import curve_auc, mean_ci
@@ -224,12 +225,6 @@ def _paired(runs: dict, base: dict, keys: list[str]) -> dict[str, tuple[float, f
             for k in keys}
 
 
-def _fmt(m: float, h: float, digits: int = 3) -> str:
-    if math.isnan(m):
-        return "-"
-    return f"{m:.{digits}f}" if math.isnan(h) else f"{m:.{digits}f} ± {h:.{digits}f}"
-
-
 def _finite_mean(values: list[float]) -> float:
     vals = [v for v in values if not math.isnan(v)]
     return sum(vals) / len(vals) if vals else math.nan
@@ -260,11 +255,6 @@ def summarise(data: dict, spec: Any) -> dict[str, Any]:
                           for k in (*PEER_COLUMNS, *OFFER_COLUMNS)}}
                 table[f"{pair.name}|{arm.name}|{node}"] = row
     return table
-
-
-def _g(v: float) -> str:
-    """A KL value for a table: three significant digits, '-' for nan."""
-    return "-" if math.isnan(v) else f"{v:.3g}"
 
 
 def markdown(table: dict, spec: Any, out: Path, data: dict | None = None) -> str:
@@ -299,45 +289,19 @@ def markdown(table: dict, spec: Any, out: Path, data: dict | None = None) -> str
                     continue
                 iso = arm.name == "isolated"
                 lines.append(
-                    f"| {arm.name} | {node} | {_fmt(*row['final'])} | {_fmt(*row['auc'])} | "
-                    f"{'' if iso else _fmt(*row['d_final'])} | {'' if iso else _fmt(*row['d_auc'])} | "
-                    f"{'' if iso else _fmt(row['peer_samples_gradient'], math.nan, 0)} | "
-                    f"{'' if iso else _fmt(row['peer_filtered_fraction'], math.nan, 2)} | "
-                    f"{'' if iso else _fmt(row['is_weight_peer_mean'], math.nan, 2)} | {len(row['seeds'])} |")
+                    f"| {arm.name} | {node} | {fmt_ci(*row['final'])} | {fmt_ci(*row['auc'])} | "
+                    f"{'' if iso else fmt_ci(*row['d_final'])} | {'' if iso else fmt_ci(*row['d_auc'])} | "
+                    f"{'' if iso else fmt_ci(row['peer_samples_gradient'], math.nan, 0)} | "
+                    f"{'' if iso else fmt_ci(row['peer_filtered_fraction'], math.nan, 2)} | "
+                    f"{'' if iso else fmt_ci(row['is_weight_peer_mean'], math.nan, 2)} | {len(row['seeds'])} |")
                 if not iso:
                     kl_lines.append(f"| {arm.name} | {node} | " + " | ".join(
-                        _g(row[f"kl_{est}_{stat}"]) for est in KL_ESTIMATORS for stat in ("p50", "p90", "max")) + " |")
+                        fmt_kl(row[f"kl_{est}_{stat}"]) for est in KL_ESTIMATORS for stat in ("p50", "p90", "max")) + " |")
         lines.append("")
         if len(kl_lines) > 2:
             lines += [f"Per-sample KL to peers ({pair.name}):", "", *kl_lines, ""]
         lines += offer_lines(table, spec, pair) + crosstok_lines(table, spec, pair) + weight_lines(table, spec, pair)
     return "\n".join(lines)
-
-
-def weight_lines(table: dict, spec: Any, pair: Any) -> list[str]:
-    """What truncation and the KL filter did to peers' data per swarm arm (per run, mean over seeds), with
-    the arm's peer lag: which of the two carries a gain can be read across arms (a staleness sweep)."""
-    rows = []
-    for arm in spec.pair_arms(pair):
-        for node in pair.nodes:
-            row = table.get(f"{pair.name}|{arm.name}|{node}")
-            if row is None or arm.isolated:
-                continue
-            filtered = arm.filter == "on"  # the objective counts the conditions only where the filter applies
-            adv, kl = (row["peer_filtered_advantage_fraction"], row["peer_filtered_kl_fraction"]) if filtered \
-                else (math.nan, math.nan)
-            rows.append(f"| {arm.name} | {spec.peer_lag(arm)} | {node} | {_fmt(row['is_weight_peer_mean'], math.nan, 3)} | "
-                        f"{_g(row['is_weight_peer_max'])} | {_fmt(row['truncated_peer_fraction'], math.nan, 4)} | "
-                        f"{_fmt(adv, math.nan, 3)} | {_fmt(kl, math.nan, 4)} | {_fmt(row['peer_groups_taken'], math.nan, 0)} |")
-    if not rows:
-        return []
-    return [f"Importance weights and the filter ({pair.name}; per run, mean over seeds): lag = steps a peer group "
-            "waits before its receiver can take it; IS mean / max = pi_theta_old/pi_gen over peers' tokens before "
-            "truncation (the max is the largest of any run's steps); truncated = peer tokens whose weight was cut "
-            "at C; A <= 0 / KL > g = peer samples that met each filter condition (a sample may meet both; "
-            "'-' when the arm has no filter); groups = peer groups taken:", "",
-            "| arm | lag | node | IS mean | IS max | truncated | A <= 0 | KL > g | groups |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows, ""]
 
 
 def starting_lines(data: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
@@ -365,45 +329,9 @@ def starting_lines(data: dict, spec: Any) -> tuple[dict[str, Any], list[str]]:
     for name, row in out.items():
         node = spec.node(name)
         base = (node.warmup or {}).get("base", node.model)
-        lines.append(f"| {name} | {base} | {_fmt(*row['overall'])} | {_fmt(*row.get('weak', (math.nan, math.nan)))} | "
-                     f"{_fmt(*row['isolated_final_weak'])} | {len(row['seeds'])} |")
+        lines.append(f"| {name} | {base} | {fmt_ci(*row['overall'])} | {fmt_ci(*row.get('weak', (math.nan, math.nan)))} | "
+                     f"{fmt_ci(*row['isolated_final_weak'])} | {len(row['seeds'])} |")
     return out, lines + [""]
-
-
-def crosstok_lines(table: dict, spec: Any, pair: Any) -> list[str]:
-    """Peer samples of another tokenizer and step time (per run, mean over seeds), for a pair whose
-    nodes took any."""
-    rows = []
-    for arm in spec.pair_arms(pair):
-        for node in pair.nodes:
-            row = table.get(f"{pair.name}|{arm.name}|{node}")
-            if row is not None and not arm.isolated:
-                rows.append(f"| {arm.name} | {node} | {_fmt(row['crosstok_samples'], math.nan, 1)} | "
-                            f"{_fmt(row['crosstok_tokens_per_chunk'], math.nan, 2)} | {_fmt(row['step_seconds_p50'], math.nan, 2)} |")
-    if not any(table.get(f"{pair.name}|{a.name}|{n}", {}).get("crosstok_samples", 0.0) > 0
-               for a in spec.pair_arms(pair) for n in pair.nodes):
-        return []
-    return [f"Peer samples of another tokenizer per run ({pair.name}, mean over seeds): samples, own tokens per "
-            "aligned chunk over them, median step seconds:", "",
-            "| arm | node | cross-tokenizer samples | own tokens per chunk | step s |", "| --- | --- | --- | --- | --- |",
-            *rows, ""]
-
-
-def offer_lines(table: dict, spec: Any, pair: Any) -> list[str]:
-    """Whether a peer cap bound (`peer_offer`, per run, mean over seeds), for the swarm arms of a pair."""
-    rows = []
-    for arm in spec.pair_arms(pair):
-        for node in pair.nodes:
-            row = table.get(f"{pair.name}|{arm.name}|{node}")
-            if row is None or math.isnan(row.get("peer_groups_offered", math.nan)):
-                continue
-            rows.append(f"| {arm.name} | {node} | {row['peer_groups_offered']:.1f} | {row['peer_groups_taken']:.1f} | "
-                        f"{row['peer_cap_bound_steps']:.1f} |")
-    if not rows:
-        return []
-    return [f"Peer groups per run ({pair.name}, mean over seeds): offered = published by the pair's other nodes, "
-            "taken = trained on, cap-bound steps = steps whose taken groups reached the node's cap (0: no cap bound):",
-            "", "| arm | node | offered | taken | cap-bound steps |", "| --- | --- | --- | --- | --- |", *rows, ""]
 
 
 def write_summary(out: Path, spec: Any) -> dict[str, Any]:
