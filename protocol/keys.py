@@ -7,8 +7,21 @@ Layout (all under the swarm's namespace, so swarms sharing a DHT never collide):
     swarm-node/<swarm_id>/rollouts/<window>/<L>.<s>  shard s of level L (1 <= L <= MAX_SHARD_LEVEL,
                                                      0 <= s < 2**L): peers with index_shard(peer, L) == s
     swarm-node/<swarm_id>/chunk/<sha256 hex>         content-addressed payload chunk
-    swarm-node/<swarm_id>/status                     node status records; one subkey per peer
+    swarm-node/<swarm_id>/status/<s>                 shard s of the node status records (0 <= s < STATUS_SHARDS):
+                                                     one subkey per peer with status_shard(peer) == s
     swarm-node/<swarm_id>/prompts/<prompt_set_id>    signed prompt-set manifest
+
+Status shards: a replica keeps at most 256 KiB under one key (swarm.max_bytes_per_key), about 63
+status records of 4.1 KB (32 receipts each); with every record under one key, `status`, the
+tokenizer census and receipts saw at most ~63 nodes, and every store heard the whole key back.
+STATUS_SHARDS = 16 keys hold ~1,000 such records (16 x 63), a store hears 1/16 of the records, and
+a read is 16 concurrent lookups in one batch. The unsharded key of earlier releases
+(`swarm-node/<swarm_id>/status`) is no longer written nor read, and replicas refuse it (it left the
+owned-key schedule). PROTOCOL_VERSION is unchanged: the version byte describes a message's
+encoding, and no message changed; a node of an earlier release stores its status where this one
+does not read (and replicas of either refuse the other's status key as off-schedule), so a mixed
+swarm sees its status records split by release while groups and indexes flow as before: upgrade a
+swarm together.
 
 Every function validates its inputs and raises ProtocolError on bad ones, so that a key built from
 peer-supplied data (a digest from an index record) can never escape its namespace.
@@ -83,9 +96,26 @@ def chunk_key(swarm_id: str, digest_hex: str) -> str:
     return f"{PREFIX}/{check_name(swarm_id)}/chunk/{check_digest(digest_hex)}"
 
 
-def status_key(swarm_id: str) -> str:
-    """Key of the swarm's node status records (each peer writes its own subkey)."""
-    return f"{PREFIX}/{check_name(swarm_id)}/status"
+STATUS_SHARDS = 16  # a power of two: status_shard takes the low bits of the peer id's hash
+
+
+def status_shard(peer_id: str) -> int:
+    """The status shard a peer's status record belongs in: the low log2(STATUS_SHARDS) bits of
+    sha256(peer id) (`index_shard` at that level)."""
+    return index_shard(peer_id, STATUS_SHARDS.bit_length() - 1)
+
+
+def status_key(swarm_id: str, shard: int) -> str:
+    """Key of shard `shard` of the swarm's node status records (each peer writes its own subkey of
+    its own shard, `status_shard(peer_id)`)."""
+    if not isinstance(shard, int) or isinstance(shard, bool) or not 0 <= shard < STATUS_SHARDS:
+        raise ProtocolError(f"bad status shard {shard!r}: expected an int in [0, {STATUS_SHARDS})")
+    return f"{PREFIX}/{check_name(swarm_id)}/status/{shard}"
+
+
+def status_keys(swarm_id: str) -> list[str]:
+    """Every status shard key of a swarm, in shard order (what a reader of all records reads)."""
+    return [status_key(swarm_id, shard) for shard in range(STATUS_SHARDS)]
 
 
 def prompt_manifest_key(swarm_id: str, prompt_set_id: str) -> str:

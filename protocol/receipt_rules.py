@@ -43,7 +43,7 @@ DROP_REASONS: frozenset[str] = frozenset({
     "text_invalid_utf8", "text_pieces_mismatch", "text_too_long", "text_forbidden_char", "text_partial",
     # records and chunks (swarm/exchange.py, swarm/statuses.py, swarm/transport.py)
     "decode_error", "wrong_type", "sender_mismatch", "index_mismatch", "oversized", "stale", "from_future",
-    "duplicate", "fetch_timeout", "hash_mismatch", "missing", "bad_digest",
+    "duplicate", "fetch_timeout", "hash_mismatch", "missing", "bad_digest", "wrong_shard",
     # admission and the prompt binding (swarm/admission.py, swarm/binding.py)
     "not_allowed", "excluded_peer", "group_size_changed", "over_token_budget", "wrong_prompt",
     "window_slot_overused",

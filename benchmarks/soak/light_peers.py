@@ -215,8 +215,8 @@ class LightSwarm:
         from swarm_node.swarm.validators import key_id
 
         self.spec = spec
-        status_id = key_id(keys.status_key(spec["swarm_id"]))
-        CappedStorage.install(*spec["storage_caps"], incumbent_keys=[status_id])  # as a node's DHT process does
+        status_ids = [key_id(k) for k in keys.status_keys(spec["swarm_id"])]
+        CappedStorage.install(*spec["storage_caps"], incumbent_keys=status_ids)  # as a node's DHT process does
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="light-peers", daemon=True)
         self.thread.start()

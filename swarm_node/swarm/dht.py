@@ -5,7 +5,7 @@
   and the coroutines it runs.
 * Validators (validators.py): signed owned subkeys, schema, blobs under the hash of their bytes,
   expirations at most `max_ttl_s` ahead, owned records only under scheduled keys as the key's kind
-  of message; the replica's storage (storage.py) caps keys and peers and keeps the status key's
+  of message; the replica's storage (storage.py) caps keys and peers and keeps each status shard's
   records against newcomers.
 * Batched calls: each transport call runs one coroutine inside the DHT process (`get_many` /
   `store_many`, one traversal per batch) rather than one pipe round trip per key.
@@ -84,7 +84,8 @@ class HivemindTransport(Transport):
     SwarmConnectError. num_replicas: peers that store each record (hivemind's default 5);
     cache_nearest: 0 stops hivemind re-storing every fetched value on one more peer.
     max_ttl_s: records expiring later than now + this are refused. storage_caps: (subkeys per key,
-    bytes per key, bytes per peer) this replica stores at most (None: uncapped; the status key keeps its records).
+    bytes per key, bytes per peer) this replica stores at most (None: uncapped;
+    each status shard keeps its records).
     """
 
     def __init__(
@@ -152,7 +153,7 @@ class HivemindTransport(Transport):
             cache_on_store=False,
             startup_timeout=startup_timeout,
         )
-        caps = None if storage_caps is None else (*storage_caps, [key_id(keys.status_key(swarm_id))])
+        caps = None if storage_caps is None else (*storage_caps, [key_id(k) for k in keys.status_keys(swarm_id)])
         self._dht = start_dht(kwargs, startup_timeout, start_attempts, caps)
         self._closed = False
         self.membership = MembershipKeeper(self, self._initial_peers)

@@ -204,7 +204,8 @@ class RolloutExchange:
     def publish_status(self, status: NodeStatus) -> bool:
         data = codec.encode(status)
         expiration = self.transport.dht_time() + self.record_ttl_s
-        return self.transport.store_owned(keys.status_key(self.swarm_id), data, expiration, self.store_timeout)
+        key = keys.status_key(self.swarm_id, keys.status_shard(self.transport.peer_id))  # its own shard only
+        return self.transport.store_owned(key, data, expiration, self.store_timeout)
 
     def read_statuses(self, timeout: float, drops: Counter[str] | None = None) -> list[NodeStatus]:
         """Valid status records of live peers (including this node's), sorted by peer id. Their

@@ -197,13 +197,14 @@ def _estimate(owners: Mapping[ShardRead, int]) -> float:
 
 def owned_key_schedule(swarm_id: str, window_seconds: float, staleness_windows: int) -> Callable[[float], list[str]]:
     """Raw keys that hold only owned records at DHT time `now` (for the DHT's schema validator):
-    the status key and every index shard (all levels) of the windows around `now`."""
+    every status shard and every index shard (all levels) of the windows around `now`."""
 
+    status_keys = keys.status_keys(swarm_id)
     window_keys = lru_cache(maxsize=2 * staleness_windows + 16)(partial(keys.window_index_keys, swarm_id))
 
     def keys_at(now: float) -> list[str]:
         w = keys.window_of(now, window_seconds)
         lo = max(0, w - staleness_windows - 2)
-        return [keys.status_key(swarm_id)] + [k for i in range(lo, w + 3) for k in window_keys(i)]
+        return status_keys + [k for i in range(lo, w + 3) for k in window_keys(i)]
 
     return keys_at

@@ -1,4 +1,11 @@
-"""Status records: each node's `NodeStatus` under the swarm's status key, read and checked.
+"""Status records: each node's `NodeStatus` under its shard of the swarm's status keys, read and checked.
+
+A node stores its record in its own subkey of its own shard (`keys.status_key(swarm_id,
+keys.status_shard(peer_id))`); a read asks for every shard (`keys.status_keys`) in one concurrent
+batch under one deadline and merges them. A record under a shard its owner does not belong in is
+dropped and counted as `status_wrong_shard` (replicas refuse such stores too: `validators.py`), so
+identities cannot pile into one shard unless ground for it, and a shard filled that way keeps out
+only newcomers of that shard (storage.py keeps each shard's records against newcomers).
 
 A record that does not decode, is not a `NodeStatus`, is signed by another peer than it names,
 breaks `protocol.validate` limits, or whose receipts claim more than a node could have done
@@ -25,6 +32,7 @@ DECODE_ERROR = "decode_error"
 BAD_VERSION = "bad_version"
 WRONG_TYPE = "wrong_type"
 SENDER_MISMATCH = "sender_mismatch"
+WRONG_SHARD = "wrong_shard"
 
 
 def decode_reason(data: bytes) -> str:
@@ -67,24 +75,29 @@ class StatusKeeper:
 
 def read_statuses(transport: Transport, swarm_id: str, limits: ValidationLimits, drops: DropCounter,
                   timeout: float) -> list[NodeStatus]:
-    """Valid status records of live peers (including this node's), sorted by peer id."""
+    """Valid status records of live peers (including this node's), sorted by peer id: every status
+    shard, read concurrently within `timeout`."""
     out = []
-    for owner, item in transport.get_all(keys.status_key(swarm_id), timeout).items():
-        try:
-            status = codec.decode(item.value)
-        except ProtocolError:
-            drops.add("status_" + decode_reason(item.value))
-            continue
-        reason = None
-        if not isinstance(status, NodeStatus):
-            reason = WRONG_TYPE
-        elif status.peer_id != owner:
-            reason = SENDER_MISMATCH
-        else:
-            reasons = validate_status(status, limits) or claim_reasons(status)
-            reason = reasons[0] if reasons else None
-        if reason is None:
-            out.append(status)
-        else:
-            drops.add("status_" + reason)
+    found = transport.get_all_many(keys.status_keys(swarm_id), timeout)
+    for shard, key in enumerate(keys.status_keys(swarm_id)):
+        for owner, item in found.get(key, {}).items():
+            try:
+                status = codec.decode(item.value)
+            except ProtocolError:
+                drops.add("status_" + decode_reason(item.value))
+                continue
+            reason = None
+            if not isinstance(status, NodeStatus):
+                reason = WRONG_TYPE
+            elif status.peer_id != owner:
+                reason = SENDER_MISMATCH
+            elif keys.status_shard(owner) != shard:
+                reason = WRONG_SHARD
+            else:
+                reasons = validate_status(status, limits) or claim_reasons(status)
+                reason = reasons[0] if reasons else None
+            if reason is None:
+                out.append(status)
+            else:
+                drops.add("status_" + reason)
     return sorted(out, key=lambda s: s.peer_id)

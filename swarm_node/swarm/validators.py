@@ -203,7 +203,8 @@ class SwarmRecordValidator(RecordValidatorBase):
 class OwnedRecordValidator(RecordValidatorBase):
     """Owned records only under the swarm's scheduled keys, holding a bounded message of the key's kind.
 
-    * the status key: a `NodeStatus` whose `peer_id` is the subkey's owner;
+    * a status shard: a `NodeStatus` whose `peer_id` is the subkey's owner, in the owner's own
+      shard (`keys.status_shard`);
     * any other scheduled key (rollout index windows and their shards, whatever else the schedule
       declares): a `RolloutIndex` from the subkey's owner with at most `MAX_OWNED_INDEX_ENTRIES`
       entries, of the key's own window, in a shard its owner belongs to (`keys.index_shard`);
@@ -218,7 +219,7 @@ class OwnedRecordValidator(RecordValidatorBase):
     def __init__(self, swarm_id: str, schedule: OwnedKeySchedule) -> None:
         self.swarm_id = keys.check_name(swarm_id)
         self._schedule = schedule
-        self._status_id = DHTID.generate(source=keys.status_key(swarm_id)).to_bytes()
+        self._status_ids = {key_id(k): shard for shard, k in enumerate(keys.status_keys(swarm_id))}
         self._raw_keys: dict[bytes, str] = {}
         self._refreshed_at = -1.0
         self._cache = VerdictCache()
@@ -254,8 +255,10 @@ class OwnedRecordValidator(RecordValidatorBase):
         if raw is None:
             return isinstance(message, (PromptSetManifest, PromptSetTombstone)) and record.key == DHTID.generate(
                 source=keys.prompt_manifest_key(self.swarm_id, message.prompt_set_id)).to_bytes()
-        if record.key == self._status_id:
-            return isinstance(message, NodeStatus) and message.peer_id == owner
+        shard = self._status_ids.get(record.key)
+        if shard is not None:  # a status shard: the owner's record, in the owner's own shard
+            return (isinstance(message, NodeStatus) and message.peer_id == owner
+                    and keys.status_shard(owner) == shard)
         if not isinstance(message, RolloutIndex) or message.sender != owner:
             return False
         index_key = _INDEX_KEY_RE.search(raw)  # a window's index, or one shard of it

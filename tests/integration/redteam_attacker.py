@@ -340,7 +340,8 @@ class Attacker:
         ghost = idents[0]
         status = codec.encode(NodeStatus(peer_id=ghost.peer_id, role="trainer", model_id="ghost", step=999999,
                                          timestamp=now))
-        far = self.store([self.owned(ghost, keys.status_key(swarm), status, now + 1e8)])
+        far = self.store([self.owned(ghost, keys.status_key(swarm, keys.status_shard(ghost.peer_id)), status,
+                                     now + 1e8)])
         garbage = self.store([self.owned(ghost, keys.rollout_index_key(swarm, window), b"\x00" * (60 << 10), now + 60)])
         foreign = self.store([
             self.owned(ghost, keys.rollout_index_key("another-swarm", window),

@@ -106,7 +106,8 @@ def test_status_records_and_forged_subkey(trio) -> None:
     victim_subkey = RSASignatureValidator(a.identity.private_key).local_public_key
     forged = codec.encode(NodeStatus(peer_id=a.peer_id, role="trainer", model_id="evil", step=99,
                                      timestamp=a.dht_time()))
-    stored = mallory._dht.store(keys.status_key(SWARM), forged, mallory.dht_time() + 120, subkey=victim_subkey)
+    victim_key = keys.status_key(SWARM, keys.status_shard(a.peer_id))
+    stored = mallory._dht.store(victim_key, forged, mallory.dht_time() + 120, subkey=victim_subkey)
     assert stored is False  # every validator (own and remote) refuses an unsigned owner subkey
     statuses = RolloutExchange(b, SWARM, vocab_size=10).read_statuses(timeout=10)
     assert [s for s in statuses if s.peer_id == a.peer_id] == [status]
@@ -207,7 +208,7 @@ def test_dead_dht_process_surfaces_as_an_error(dht_factory) -> None:
     t._dht.join(10)
     start = time.monotonic()
     with pytest.raises(SwarmConnectError, match="DHT process exited"):
-        t.get_all(keys.status_key(SWARM), timeout=1.0)
+        t.get_all(keys.status_key(SWARM, 0), timeout=1.0)
     assert time.monotonic() - start < 5
     assert not t.is_alive
 

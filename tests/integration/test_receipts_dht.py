@@ -104,14 +104,13 @@ def test_status_given_matches_the_receivers_ledgers_and_forged_receipts_are_refu
         transports = [bootstrap, mallory, *(n.parts.exchange.transport for n in nodes)]
         before = refused(transports)
         victim_subkey = RSASignatureValidator(victim.parts.exchange.transport.identity.private_key).local_public_key
-        stored = mallory._dht.store(keys.status_key(SWARM), codec.encode(forged), mallory.dht_time() + 120,
-                                    subkey=victim_subkey)
+        victim_key = keys.status_key(SWARM, keys.status_shard(victim.parts.peer_id))
+        stored = mallory._dht.store(victim_key, codec.encode(forged), mallory.dht_time() + 120, subkey=victim_subkey)
         assert stored is False  # no replica keeps a record its owner did not sign
         assert refused(transports) > before  # ... and each refusal is counted (bad_signature)
         # Under its own subkey, a record naming another peer is refused as well.
         own = RSASignatureValidator(mallory.identity.private_key).local_public_key
-        assert mallory._dht.store(keys.status_key(SWARM), codec.encode(forged), mallory.dht_time() + 120,
-                                  subkey=own) is False
+        assert mallory._dht.store(victim_key, codec.encode(forged), mallory.dht_time() + 120, subkey=own) is False
         view = status_given(maddrs[0], mallory.peer_id)
         assert view["receivers"] == [] and view["totals"]["taken"] == 0  # no forged receipt reached a reader
         records = {s.peer_id: s for s in victim.parts.exchange.read_statuses(timeout=10)}

@@ -1,9 +1,12 @@
-"""The status key against a Sybil flood, through a real DHT: 50 honest nodes' status records (with
-receipts, so the largest records under the key) are stored, then 256 minimal records from fresh
-identities are sent to every replica by the red-team attacker's raw store RPCs. Every honest record
-must stay readable and each honest node's re-store must be accepted: a replica keeps the records it
-already holds (`storage.CappedStorage`: a full status key refuses newcomers, it never evicts an
-incumbent for a smaller one, and no identity holds more than its record cap)."""
+"""The status shards against a Sybil flood, through a real DHT whose replicas keep at most
+`SHARD_CAP` records under a key: 50 honest nodes' status records (with receipts, so the largest
+records under their shards) are stored, each in its owner's shard, more records in all than one
+shard holds; then 256 minimal records from fresh identities are sent to every replica by the red-team
+attacker's raw store RPCs, enough to fill every shard. Every honest record must stay readable and
+each honest node's re-store must be accepted: a replica keeps the records it already holds
+(`storage.CappedStorage`: a full status shard refuses newcomers, it never evicts an incumbent for a
+smaller one, and no identity holds more than its record cap). Records piled into another peer's
+shard are refused by the replicas (`keys.status_shard`)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from swarm_node.swarm.transport import DropCounter
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 SWARM = "itest-status-sybils"
 HONEST, SYBILS = 50, 256
+SHARD_CAP = 12  # records a replica keeps under one status shard: 50 honest records need several shards
 
 
 def _fast_keys(n: int) -> None:
@@ -65,30 +69,42 @@ def test_256_sybil_status_records_leave_every_honest_record_readable(dht_factory
 
     from tests.integration.redteam_attacker import Attacker, Identity
 
-    a = dht_factory(SWARM)
-    b = dht_factory(SWARM, initial_peers=a.visible_maddrs)
+    caps = (SHARD_CAP, 256 << 10, 256 << 10)
+    a = dht_factory(SWARM, storage_caps=caps)
+    b = dht_factory(SWARM, initial_peers=a.visible_maddrs, storage_caps=caps)
     attacker = Attacker(a.visible_maddrs)
     try:
         _fast_keys(HONEST + SYBILS)
         honest = [Identity() for _ in range(HONEST)]
         sybils = [Identity() for _ in range(SYBILS)]
         honest_ids = {i.peer_id for i in honest}
-        key = keys.status_key(SWARM)
         deadline = time.monotonic() + 30
         while len(attacker.dht.run_coroutine(_routing_peers)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
 
         def store(idents, make, step: int = 1) -> list[int]:
             now = get_dht_time()
-            return attacker.store([attacker.owned(i, key, codec.encode(make(i, now, step)), now + 120) for i in idents])
+            return attacker.store([attacker.owned(i, keys.status_key(SWARM, keys.status_shard(i.peer_id)),
+                                                  codec.encode(make(i, now, step)), now + 120) for i in idents])
 
         senders = [i.peer_id for i in honest]
         honest_record = lambda i, now, step: _honest_record(i.peer_id, now, step, senders)  # noqa: E731
         sizes = [len(codec.encode(honest_record(i, 0.0, 1))) for i in honest[:1]]
         sybil_size = len(codec.encode(_sybil_record(sybils[0].peer_id, 0.0)))
-        assert sizes[0] > 10 * sybil_size  # the honest records are by far the largest under the key
+        assert sizes[0] > 10 * sybil_size  # the honest records are by far the largest under their shards
+        shards = [keys.status_shard(i.peer_id) for i in honest]
+        assert max(shards.count(s) for s in set(shards)) < SHARD_CAP < HONEST
         assert min(store(honest, honest_record)) == 2  # both replicas keep every honest record
-        assert len(_readable(a, honest_ids)[0]) == HONEST
+        assert len(_readable(a, honest_ids)[0]) == HONEST  # more than one shard holds: all read back
+
+        # Records piled into the first honest node's shard: only those that belong there are taken.
+        now, target = get_dht_time(), shards[0]
+        piled = attacker.store([attacker.owned(i, keys.status_key(SWARM, target),
+                                               codec.encode(_sybil_record(i.peer_id, now)), now + 120)
+                                for i in sybils[:32]])
+        belong = [keys.status_shard(i.peer_id) == target for i in sybils[:32]]
+        assert [n > 0 for n, ok in zip(piled, belong) if not ok] == [False] * belong.count(False)
+        assert a.dht_refusals().get("bad_owned_record", 0) >= belong.count(False)
 
         accepted = store(sybils, lambda i, now, step: _sybil_record(i.peer_id, now))
         readable, drops = _readable(a, honest_ids)
@@ -125,7 +141,8 @@ def test_status_given_prints_a_peers_escape_sequence_inert(dht_factory) -> None:
     st = NodeStatus(peer_id=node.peer_id, role="trainer", model_id=EVIL_MODEL, step=3, timestamp=node.dht_time(),
                     receipts_span_s=60.0, receipts=(Receipt(sender=target, taken=2, samples=8, gradient=3, filtered=1,
                                                             filtered_advantage=1, filtered_kl=0),))
-    assert node.store_owned(keys.status_key(swarm), codec.encode(st), node.dht_time() + 120)
+    key = keys.status_key(swarm, keys.status_shard(node.peer_id))
+    assert node.store_owned(key, codec.encode(st), node.dht_time() + 120)
     res = subprocess.run([sys.executable, "-m", "swarm_node", "status", "--given", target, "--initial-peer",
                           node.visible_maddrs[0], "--swarm-id", swarm, "--timeout", "15"],
                          capture_output=True, text=True, timeout=120, check=False)

@@ -63,10 +63,12 @@ def _swarm_with_evil_receiver() -> MemorySwarm:
                     receipts_span_s=60.0,
                     receipts=(Receipt(sender=PEER, taken=2, samples=8, gradient=3, filtered=1, filtered_advantage=1,
                                       filtered_kl=0, dropped=(("stale", 1),)),))
-    assert writer.store_owned(keys.status_key("s"), codec.encode(st), writer.dht_time() + 60)
+    shard_key = keys.status_key("s", keys.status_shard(writer.peer_id))
+    assert writer.store_owned(shard_key, codec.encode(st), writer.dht_time() + 60)
     loud = MemoryTransport(swarm, peer_id=LOUD)
     st = NodeStatus(peer_id=LOUD, role="trainer", model_id=MARKUP, step=1, timestamp=loud.dht_time())
-    assert loud.store_owned(keys.status_key("s"), codec.encode(st), loud.dht_time() + 60)
+    shard_key = keys.status_key("s", keys.status_shard(loud.peer_id))
+    assert loud.store_owned(shard_key, codec.encode(st), loud.dht_time() + 60)
     return swarm
 
 

@@ -230,7 +230,8 @@ def test_a_flood_of_status_records_cannot_fill_an_observers_redial_candidates_wi
                         tuple(f"/ip4/203.0.113.{j}/tcp/80/p2p/QmVictim{j}" for j in range(32))))
     for t, maddrs in records:
         st = NodeStatus(peer_id=t.peer_id, role="trainer", model_id="m", step=1, timestamp=t.dht_time(), maddrs=maddrs)
-        assert t.store_owned(keys.status_key("s"), codec.encode(st), t.dht_time() + 60)
+        shard_key = keys.status_key("s", keys.status_shard(t.peer_id))
+        assert t.store_owned(shard_key, codec.encode(st), t.dht_time() + 60)
     clock, dialer = Clock(0.0), FakeDialer()
     observer = MemoryTransport(swarm, peer_id=ME)
     observer.membership = keeper(dialer, clock, max_known=8)

@@ -254,12 +254,16 @@ def test_rollout_file_round_trip(tmp_path: Path) -> None:
 def test_keys() -> None:
     assert keys.rollout_index_key("my-swarm", 12) == "swarm-node/my-swarm/rollouts/12"
     assert keys.chunk_key("s", "a" * 64) == f"swarm-node/s/chunk/{'a' * 64}"
-    assert keys.status_key("s.1") == "swarm-node/s.1/status"
+    assert keys.status_key("s.1", 3) == "swarm-node/s.1/status/3"
+    assert keys.status_keys("s") == [f"swarm-node/s/status/{i}" for i in range(keys.STATUS_SHARDS)]
+    for shard in [-1, keys.STATUS_SHARDS, True, 1.0, "1", None]:
+        with pytest.raises(ProtocolError, match="status shard"):
+            keys.status_key("s", shard)  # type: ignore[arg-type]
     assert keys.prompt_manifest_key("s", "gsm8k_v1") == "swarm-node/s/prompts/gsm8k_v1"
     assert keys.window_of(59.9, 30.0) == 1 and keys.window_of(60.0, 30.0) == 2 and keys.window_of(0, 5) == 0
     for bad in ["", "a/b", "-x", "a" * 65, "sp ace", "é", None]:
         with pytest.raises(ProtocolError, match="swarm id"):
-            keys.status_key(bad)  # type: ignore[arg-type]
+            keys.status_key(bad, 0)  # type: ignore[arg-type]
     for digest in ["A" * 64, "a" * 63, "../" + "a" * 61, 5]:
         with pytest.raises(ProtocolError, match="digest"):
             keys.chunk_key("s", digest)  # type: ignore[arg-type]

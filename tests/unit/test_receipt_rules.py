@@ -46,7 +46,8 @@ def read_through_the_dht(*records: NodeStatus) -> tuple[list[NodeStatus], Counte
     for st in records:
         writer = MemoryTransport(swarm, peer_id=st.peer_id)
         st = dataclasses.replace(st, timestamp=writer.dht_time())
-        assert writer.store_owned(keys.status_key("s"), codec.encode(st), writer.dht_time() + 60)
+        shard_key = keys.status_key("s", keys.status_shard(writer.peer_id))
+        assert writer.store_owned(shard_key, codec.encode(st), writer.dht_time() + 60)
     ledger = PeerLedger(None, own_peer=READER)
     exchange = RolloutExchange(reader, "s", vocab_size=1, ledger=ledger)
     drops: Counter[str] = Counter()

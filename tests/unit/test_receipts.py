@@ -283,7 +283,8 @@ def test_a_status_record_with_broken_receipts_is_dropped_and_counted() -> None:
     bad = Receipt(sender="QmReader", taken=1, samples=4, gradient=9, filtered=0, filtered_advantage=0, filtered_kl=0)
     record = NodeStatus(peer_id="QmLiar", role="trainer", model_id="m", step=1, timestamp=liar.dht_time(),
                         receipts_span_s=60.0, receipts=(bad,))  # gradient > samples: no receiver can mean it
-    assert liar.store_owned(keys.status_key("s"), codec.encode(record), liar.dht_time() + 60)
+    shard_key = keys.status_key("s", keys.status_shard(liar.peer_id))
+    assert liar.store_owned(shard_key, codec.encode(record), liar.dht_time() + 60)
     exchange = RolloutExchange(reader, "s", vocab_size=1, ledger=ledger)
     drops: Counter[str] = Counter()
     assert exchange.read_statuses(timeout=1.0, drops=drops) == []

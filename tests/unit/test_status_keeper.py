@@ -42,7 +42,8 @@ def _publish(swarm: MemorySwarm, peer: str, taken: int) -> None:
     st = NodeStatus(peer_id=peer, role="trainer", model_id="m", step=1, timestamp=swarm.clock(),
                     receipts_span_s=60.0, receipts=(Receipt(sender=ME, taken=taken, samples=4 * taken, gradient=taken,
                                                             filtered=0, filtered_advantage=0, filtered_kl=0),))
-    assert writer.store_owned(keys.status_key("s"), codec.encode(st), swarm.clock() + 300)
+    shard_key = keys.status_key("s", keys.status_shard(writer.peer_id))
+    assert writer.store_owned(shard_key, codec.encode(st), swarm.clock() + 300)
 
 
 def test_receipts_of_peers_this_node_took_from_survive_a_read_that_misses_them() -> None:

@@ -267,16 +267,57 @@ def test_status_round_trip_and_owner_check(swarm: MemorySwarm) -> None:
     status = NodeStatus(peer_id="A", role="trainer", model_id="m", step=3, timestamp=T0, metrics={"reward": 0.5})
     assert a.publish_status(status)
     forged = NodeStatus(peer_id="A", role="trainer", model_id="evil", step=9, timestamp=T0)
-    swarm.write_raw_owned(keys.status_key(SWARM), "M", codec.encode(forged), T0 + 300)
-    swarm.write_raw_owned(keys.status_key(SWARM), "N", b"junk", T0 + 300)
+    assert swarm.get_owned(keys.status_key(SWARM, keys.status_shard("A"))).keys() == {"A"}  # its own shard
+    swarm.write_raw_owned(keys.status_key(SWARM, keys.status_shard("M")), "M", codec.encode(forged), T0 + 300)
+    swarm.write_raw_owned(keys.status_key(SWARM, keys.status_shard("N")), "N", b"junk", T0 + 300)
     assert b.read_statuses(timeout=1) == [status]
     assert b.drops.as_dict() == {"status_sender_mismatch": 1, "status_decode_error": 1}
+
+
+def test_a_status_record_under_another_peers_shard_is_dropped(swarm: MemorySwarm) -> None:
+    """A valid record of its own owner, stored under a shard the owner does not belong in (a Sybil
+    piling into one shard), is dropped with its reason; the owner's record in its shard is read."""
+    own = NodeStatus(peer_id="W", role="trainer", model_id="m", step=1, timestamp=T0)
+    elsewhere = dataclasses.replace(own, step=2)
+    other_shard = (keys.status_shard("W") + 1) % keys.STATUS_SHARDS
+    swarm.write_raw_owned(keys.status_key(SWARM, other_shard), "W", codec.encode(elsewhere), T0 + 300)
+    reader = _exchange(swarm, "R")
+    assert reader.read_statuses(timeout=1) == []
+    assert reader.drops.as_dict() == {"status_wrong_shard": 1}
+    assert _exchange(swarm, "W").publish_status(own)
+    assert reader.read_statuses(timeout=1) == [own]
+    assert reader.drops.as_dict() == {"status_wrong_shard": 2}
+
+
+class _CountingTransport(MemoryTransport):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.batches: list[int] = []
+
+    def get_all_many(self, keys_, timeout):  # type: ignore[override]
+        self.batches.append(len(keys_))
+        return super().get_all_many(keys_, timeout)
+
+
+def test_status_records_of_many_peers_spread_over_the_shards_and_are_all_read_in_one_batch(swarm: MemorySwarm) -> None:
+    """300 peers' records (more than one key of a replica holds: ~63 typical records in 256 KiB)
+    land in their owners' shards, no shard holding more than a fraction of them, and one read
+    returns every one of them from a single concurrent batch of all shards."""
+    peers = [f"peer-{i:03d}" for i in range(300)]
+    for p in peers:
+        assert _exchange(swarm, p).publish_status(NodeStatus(peer_id=p, role="trainer", model_id="m", step=1,
+                                                             timestamp=T0))
+    held = [len(swarm.get_owned(k)) for k in keys.status_keys(SWARM)]
+    assert sum(held) == 300 and max(held) < 3 * 300 // keys.STATUS_SHARDS
+    reader = RolloutExchange(_CountingTransport(swarm, "reader"), SWARM, vocab_size=100)
+    assert [s.peer_id for s in reader.read_statuses(timeout=1)] == peers
+    assert reader.transport.batches == [keys.STATUS_SHARDS] and not reader.drops
 
 
 def test_owned_key_schedule_covers_read_windows() -> None:
     schedule = owned_key_schedule(SWARM, WINDOW_S, staleness_windows=2)
     listed = set(schedule(T0))
-    assert keys.status_key(SWARM) in listed
+    assert set(keys.status_keys(SWARM)) <= listed
     for w in range(_window() - 2, _window() + 2):
         assert keys.rollout_index_key(SWARM, w) in listed
 

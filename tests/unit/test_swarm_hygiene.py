@@ -54,6 +54,11 @@ def _peer(k: RSAPrivateKey) -> str:
     return owner_of_subkey(RSASignatureValidator(k).local_public_key)
 
 
+def _status_key(k: RSAPrivateKey) -> str:
+    """The status shard the owner of `k` writes under."""
+    return keys.status_key(SWARM, keys.status_shard(_peer(k)))
+
+
 def _status(peer: str, step: int = 3) -> bytes:
     return codec.encode(NodeStatus(peer_id=peer, role="trainer", model_id="m", step=step, timestamp=time.time()))
 
@@ -70,9 +75,9 @@ def _window() -> int:
 
 def test_expiration_beyond_the_bound_is_refused(key) -> None:
     v = _validator(key, max_ttl_s=600.0)
-    assert v.validate(_owned(v, key, keys.status_key(SWARM), _status(_peer(key)), ttl=300))
+    assert v.validate(_owned(v, key, _status_key(key), _status(_peer(key)), ttl=300))
     # The ghost peer of the issue: a status record 1e8 s ahead.
-    assert not v.validate(_owned(v, key, keys.status_key(SWARM), _status(_peer(key), 999999), ttl=1e8))
+    assert not v.validate(_owned(v, key, _status_key(key), _status(_peer(key), 999999), ttl=1e8))
     data = b"chunk"
     blob = DHTRecord(DHTID.generate(source=keys.chunk_key(SWARM, codec.content_digest(data))).to_bytes(),
                      DHTProtocol.IS_REGULAR_VALUE, ser.dumps(data), time.time() + 1e8)
@@ -97,11 +102,16 @@ def test_owned_records_must_decode_as_the_keys_message(key) -> None:
     v = _validator(key)
     me, w = _peer(key), _window()
     other = _peer(RSAPrivateKey())
-    status, index = keys.status_key(SWARM), keys.rollout_index_key(SWARM, w)
+    status, index = _status_key(key), keys.rollout_index_key(SWARM, w)
+    assert v.validate(_owned(v, key, status, _status(me)))
     assert not v.validate(_owned(v, key, status, b"\x93garbage"))
     assert not v.validate(_owned(v, key, status, _index(me, w)))          # an index under the status key
     assert not v.validate(_owned(v, key, status, _status(other)))         # someone else's status
     assert not v.validate(_owned(v, key, index, _status(me)))             # a status under an index key
+    wrong = keys.status_key(SWARM, (keys.status_shard(me) + 1) % keys.STATUS_SHARDS)
+    assert not v.validate(_owned(v, key, wrong, _status(me)))             # its status under another shard
+    unsharded = f"{keys.PREFIX}/{SWARM}/status"
+    assert not v.validate(_owned(v, key, unsharded, _status(me)))         # the unsharded key of old releases
     assert not v.validate(_owned(v, key, index, _index(other, w)))        # another sender's index
     assert not v.validate(_owned(v, key, index, _index(me, w - 1)))       # the index of another window
     assert not v.validate(_owned(v, key, index, _index(me, w, n=300)))    # more entries than any writer lists
@@ -121,13 +131,13 @@ def test_a_manifest_is_stored_only_under_its_own_key(key) -> None:
                                                 ended_at=time.time(), signature=b"s"))
     assert v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "arith-0123"), tombstone))
     assert not v.validate(_owned(v, key, keys.prompt_manifest_key(SWARM, "another-set"), tombstone))
-    assert not v.validate(_owned(v, key, keys.status_key(SWARM), tombstone))
+    assert not v.validate(_owned(v, key, _status_key(key), tombstone))
 
 
 def test_refusals_are_counted_by_reason(key) -> None:
     swarm_v = SwarmRecordValidator(SWARM, 60.0)
     v = CompositeValidator([CachedRSASignatureValidator(key), swarm_v])
-    assert not v.validate(_owned(v, key, keys.status_key(SWARM), _status(_peer(key)), ttl=1e6))
+    assert not v.validate(_owned(v, key, _status_key(key), _status(_peer(key)), ttl=1e6))
     assert swarm_v.refusals.counts["expiration_too_far"] == 1
 
 

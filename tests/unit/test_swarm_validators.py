@@ -36,7 +36,7 @@ def keys_pair() -> tuple[RSAPrivateKey, RSAPrivateKey]:
 
 
 def _validator(key: RSAPrivateKey) -> CompositeValidator:
-    schedule = lambda now: [keys.status_key(SWARM)]  # noqa: E731
+    schedule = lambda now: keys.status_keys(SWARM)  # noqa: E731
     return CompositeValidator([CachedRSASignatureValidator(key), SwarmRecordValidator(SWARM),
                                ScheduledKeySchemaValidator(schedule), OwnedRecordValidator(SWARM, schedule)])
 
@@ -45,6 +45,11 @@ def _status(key: RSAPrivateKey, step: int = 1) -> bytes:
     """An encoded NodeStatus of the owner of `key` (what the status key must hold)."""
     peer = owner_of_subkey(RSASignatureValidator(key).local_public_key)
     return codec.encode(NodeStatus(peer_id=peer, role="trainer", model_id="m", step=step, timestamp=1.0))
+
+
+def _status_key(key: RSAPrivateKey) -> str:
+    """The status shard the owner of `key` writes under."""
+    return keys.status_key(SWARM, keys.status_shard(owner_of_subkey(RSASignatureValidator(key).local_public_key)))
 
 
 def _record(key: str, subkey: object, value: object, exp: float | None = None) -> DHTRecord:
@@ -61,7 +66,7 @@ def test_owned_record_signed_by_owner_is_valid(keys_pair) -> None:
     mine, theirs = keys_pair
     v, v_other = _validator(mine), _validator(theirs)
     owner = RSASignatureValidator(mine).local_public_key
-    rec = _signed(v, _record(keys.status_key(SWARM), owner, _status(mine)))
+    rec = _signed(v, _record(_status_key(mine), owner, _status(mine)))
     assert v.validate(rec) and v_other.validate(rec)  # any peer accepts the owner's record
     tampered = dataclasses.replace(rec, value=rec.value.replace(b"trainer", b"trainex"))
     assert not v_other.validate(tampered)
@@ -71,11 +76,11 @@ def test_cannot_write_another_owners_subkey(keys_pair) -> None:
     mine, theirs = keys_pair
     v_mallory = _validator(theirs)
     victim_subkey = RSASignatureValidator(mine).local_public_key
-    forged = _record(keys.status_key(SWARM), victim_subkey, _status(mine, step=999999))
+    forged = _record(_status_key(mine), victim_subkey, _status(mine, step=999999))
     # The mallory validator does not sign a subkey it does not own, so the record has no valid signature.
     assert not _validator(mine).validate(_signed(v_mallory, forged))
     # Signing with mallory's own key and pasting the signature on also fails.
-    own = _signed(v_mallory, _record(keys.status_key(SWARM), RSASignatureValidator(theirs).local_public_key,
+    own = _signed(v_mallory, _record(_status_key(mine), RSASignatureValidator(theirs).local_public_key,
                                      _status(mine, step=999999)))
     sig = own.value[len(forged.value):]
     assert not _validator(mine).validate(dataclasses.replace(forged, value=forged.value + sig))
@@ -86,14 +91,14 @@ def test_unowned_subkeys_and_bad_values_are_rejected(keys_pair) -> None:
     v = _validator(mine)
     owner = RSASignatureValidator(mine).local_public_key
     assert not v.validate(_signed(v, _record("swarm-node/x/anything", b"plain-subkey", b"v")))
-    assert not v.validate(_signed(v, _record(keys.status_key(SWARM), owner, "a string, not bytes")))
-    assert not v.validate(_signed(v, _record(keys.status_key(SWARM), owner, b"x" * (MAX_RECORD_BYTES + 1))))
+    assert not v.validate(_signed(v, _record(_status_key(mine), owner, "a string, not bytes")))
+    assert not v.validate(_signed(v, _record(_status_key(mine), owner, b"x" * (MAX_RECORD_BYTES + 1))))
 
 
 def test_schema_rejects_plain_value_under_owned_only_key(keys_pair) -> None:
     mine, _ = keys_pair
     # A content-addressed-looking blob written directly under the status key: no owner, wrong key.
-    assert not _validator(mine).validate(_record(keys.status_key(SWARM), None, b"not a blob"))
+    assert not _validator(mine).validate(_record(_status_key(mine), None, b"not a blob"))
 
 
 def test_blob_must_sit_under_its_own_hash(keys_pair) -> None:
@@ -115,7 +120,7 @@ def test_verdicts_are_cached_per_distinct_record(keys_pair, monkeypatch) -> None
     mine, theirs = keys_pair
     v, reader = _validator(mine), _validator(theirs)
     owner = RSASignatureValidator(mine).local_public_key
-    rec = _signed(v, _record(keys.status_key(SWARM), owner, _status(mine)))
+    rec = _signed(v, _record(_status_key(mine), owner, _status(mine)))
     calls = []
     real_verify = RSAPublicKey.verify
     monkeypatch.setattr(RSAPublicKey, "verify", lambda self, data, sig: calls.append(1) or real_verify(self, data, sig))
@@ -132,11 +137,11 @@ def test_verdicts_are_cached_per_distinct_record(keys_pair, monkeypatch) -> None
 def test_schema_verdict_follows_the_schedule(keys_pair) -> None:
     mine, _ = keys_pair
     owned_now = {"on": True}
-    schedule = lambda now: [keys.status_key(SWARM)] if owned_now["on"] else []  # noqa: E731
+    schedule = lambda now: keys.status_keys(SWARM) if owned_now["on"] else []  # noqa: E731
     schema = ScheduledKeySchemaValidator(schedule)
     v = CompositeValidator([CachedRSASignatureValidator(mine), SwarmRecordValidator(SWARM), schema])
     owner = RSASignatureValidator(mine).local_public_key
-    bad = _signed(v, _record(keys.status_key(SWARM), owner, "not bytes"))
+    bad = _signed(v, _record(_status_key(mine), owner, "not bytes"))
     assert not schema.validate(bad)
     assert not schema.validate(bad)  # cached rejection
     owned_now["on"] = False
@@ -144,4 +149,4 @@ def test_schema_verdict_follows_the_schedule(keys_pair) -> None:
     assert schema.validate(bad)  # no longer a scheduled key: the schema has nothing to say
     # ... but an owned record off the schedule is refused by the key-schedule rule.
     off = OwnedRecordValidator(SWARM, schedule)
-    assert not off.validate(_signed(v, _record(keys.status_key(SWARM), owner, _status(mine))))
+    assert not off.validate(_signed(v, _record(_status_key(mine), owner, _status(mine))))
