@@ -20,9 +20,11 @@ A simulation of hivemind's DHT as the node uses it (no p2pd, no sockets), run ro
   layout) or the read plan of `swarm_node.swarm.index.ShardedIndex` (the node's own code, with
   its level and estimate), then `--max-groups` chunks, at most `--max-per-peer` per peer.
 * Status records (reported apart, `status_*`, and in `total_*`): each peer stores its status
-  record every `--status-every` rounds (the node's metrics.status_every_steps) under the one
-  status key, and reads the whole key every `--status-read-every` rounds. A store's traversal
-  reaches the key's replicas, and each answers with every record it holds (up to the storage cap).
+  record every `--status-every` rounds (the node's metrics.status_every_steps) under its status
+  shard (`--status-shards` keys, the node's `keys.STATUS_SHARDS`; 1: every record under one key,
+  the layout before the status keys were sharded), and reads every shard every
+  `--status-read-every` rounds. A store's traversal reaches its shard's replicas, and each answers
+  with every record that shard holds (up to the storage cap, `--status-cap-*`, per shard).
 * Sizes are measured from the real encoders: a RolloutIndex record, a signed owned subkey in a
   hivemind DictionaryDHTValue, neighbour entries; each RPC adds a fixed framing overhead.
 
@@ -68,7 +70,12 @@ class Model:
         self.store: dict[str, dict[int, int]] = defaultdict(dict)  # index key -> owner -> entries listed
         self.entries: dict[tuple[int, int], int] = defaultdict(int)  # (owner, window) -> groups published
         self.taken: list[set] = [set() for _ in range(n)]
-        self.status_stored: set[int] = set()  # peers whose status record the status key holds
+        shards = getattr(args, "status_shards", keys.STATUS_SHARDS)
+        if shards & (shards - 1) or not 1 <= shards <= keys.STATUS_SHARDS:
+            raise ValueError(f"status shards must be a power of two in [1, {keys.STATUS_SHARDS}], got {shards}")
+        self.status_shards = shards
+        self.status_shard = [keys.index_shard(p, shards.bit_length() - 1) for p in self.peer_ids]
+        self.status_stored: dict[int, set[int]] = defaultdict(set)  # shard -> peers whose record it holds
 
     def _value_bytes(self, key: str) -> int:
         return sum(self.sizes.record(e) for e in self.store.get(key, {}).values())
@@ -139,27 +146,30 @@ class Model:
             t.payload_in[p] += self.sizes.chunk
         return len(chosen)
 
-    def status_held(self) -> int:
-        """Bytes of the status key's dictionary value: every stored record, up to the replicas'
-        storage cap (`--status-cap-records` records, `--status-cap-bytes` bytes)."""
+    def status_records(self, shard: int) -> int:
+        """Records a status shard's dictionary value holds: every stored record, up to the
+        replicas' storage cap per key (`--status-cap-records` records, `--status-cap-bytes` bytes)."""
         size = self.sizes.status
         cap = min(self.args.status_cap_records, self.args.status_cap_bytes // max(1, size))
-        return min(len(self.status_stored), cap) * size
+        return min(len(self.status_stored[shard]), cap)
 
     def status(self, t: Traffic, p: int, r: int) -> None:
         """The node's status traffic in round `r`: it stores its record every `--status-every`
-        rounds (metrics.status_every_steps) and reads the whole status key every
-        `--status-read-every` rounds (the node: every record_ttl_s / 3). A store first traverses to
-        the key's replicas, and each replica it asks answers with every record it holds."""
-        key = keys.status_key(SWARM)
+        rounds (metrics.status_every_steps) under its own shard and reads every shard every
+        `--status-read-every` rounds (the node: every record_ttl_s / 3; one concurrent batch). A
+        store first traverses to its shard's replicas, and each replica it asks answers with every
+        record of that shard it holds."""
         every, read_every = getattr(self.args, "status_every", 0), getattr(self.args, "status_read_every", 0)
         if every and (r + p) % every == 0:
-            self._store(t, p, key, self.sizes.status, self.status_held())
-            self.status_stored.add(p)
+            shard = self.status_shard[p]
+            self._store(t, p, keys.status_key(SWARM, shard), self.sizes.status,
+                        self.status_records(shard) * self.sizes.status)
+            self.status_stored[shard].add(p)
         if read_every and (r + p) % read_every == 0:
-            held = self.status_held()
-            self._find(t, p, key, False, held)
-            t.payload_in[p] += held
+            for shard in range(self.status_shards):
+                held = self.status_records(shard) * self.sizes.status
+                self._find(t, p, keys.status_key(SWARM, shard), False, held)
+                t.payload_in[p] += held
 
     def run(self, rounds: int, warmup: int) -> dict:
         """`warmup + rounds` rounds. A round is one step of every active peer (the first
@@ -205,10 +215,12 @@ class Model:
             "hottest_node_requests_round": round(mean(lambda t: t.requests.max())),
             "mean_node_requests_round": round(mean(lambda t: t.requests.mean()), 1),
             "groups_gathered_mean": round(statistics.fmean(g for _, g, _ in rows), 2),
-            # status records (not the exchange's index): stores and reads of the one status key
+            # status records (not the exchange's index): stores and reads of the status shards
             "status_bytes_per_node_round": round(status_mean(lambda ts: (ts.client + ts.served).mean())),
             "status_hottest_node_bytes_served_round": round(status_mean(lambda ts: ts.served.max())),
-            "status_records_held": len(self.status_stored) and self.status_held() // max(1, self.sizes.status),
+            "status_records_held": sum(self.status_records(s) for s in self.status_stored),
+            "status_payload_bytes_in_per_node_round": round(status_mean(lambda ts: ts.payload_in.mean())),
+            "status_records_stored": sum(len(peers) for peers in self.status_stored.values()),
             "total_bytes_per_node_round": round(statistics.fmean(total(t, ts) for t, _, ts in rows)),
             "active_total_bytes_per_node_round": round(statistics.fmean(total(t, ts, slice(0, active))
                                                                         for t, _, ts in rows)),
@@ -236,8 +248,10 @@ def main() -> None:
     parser.add_argument("--status-read-every", type=int, default=0,
                         help="rounds between a peer's reads of the status key (a node: record_ttl_s / 3; 0: none)")
     parser.add_argument("--status-receipts", type=int, default=32, help="receipts in a status record")
-    parser.add_argument("--status-cap-records", type=int, default=256, help="swarm.max_subkeys_per_key")
-    parser.add_argument("--status-cap-bytes", type=int, default=256 << 10, help="swarm.max_bytes_per_key")
+    parser.add_argument("--status-shards", type=int, default=keys.STATUS_SHARDS,
+                        help="status keys (a power of two, at most keys.STATUS_SHARDS; 1: one key for all records)")
+    parser.add_argument("--status-cap-records", type=int, default=256, help="swarm.max_subkeys_per_key (per shard)")
+    parser.add_argument("--status-cap-bytes", type=int, default=256 << 10, help="swarm.max_bytes_per_key (per shard)")
     parser.add_argument("--replicas", type=int, default=5)
     parser.add_argument("--peers-per-shard", type=int, default=16)
     parser.add_argument("--shards-per-read", type=int, default=2)

@@ -43,18 +43,24 @@ def test_sharding_bounds_the_hottest_node_where_one_key_per_window_does_not(size
     assert sharded["hottest_node_bytes_served_round"] < 0.5 * old["hottest_node_bytes_served_round"]
 
 
+def _status_run(sizes: Sizes, n: int, every: int, cap_bytes: int = 256 << 10, shards: int = 1,
+                read_every: int = 0) -> dict:
+    args = argparse.Namespace(groups=1, max_groups=1, max_per_peer=1, staleness=1, replicas=5, peers_per_shard=8,
+                              shards_per_read=1, rounds_per_window=1, status_every=every, status_read_every=read_every,
+                              status_cap_records=256, status_cap_bytes=cap_bytes, status_shards=shards)
+    return Model(n, "sharded", args, sizes, seed=2).run(rounds=4, warmup=4)
+
+
 def test_status_records_cost_a_store_the_whole_key_and_fill_the_cap(sizes: Sizes) -> None:
-    """A status store's traversal hears from the key's replicas, each answering with every record it
+    """With every record under one status key (`status_shards=1`, the layout before sharding), a
+    status store's traversal hears from the key's replicas, each answering with every record it
     holds: the bytes of a store grow with the records held until the storage cap, and the replicas
     serve every node's stores (the hottest node grows with the swarm); storing every 4th round
     costs about a quarter of storing every round."""
     assert 1500 < sizes.status < 8000  # 32 receipts of distinct senders, 110 metrics, signed subkey
 
     def run(n: int, every: int, cap_bytes: int = 256 << 10) -> dict:
-        args = argparse.Namespace(groups=1, max_groups=1, max_per_peer=1, staleness=1, replicas=5, peers_per_shard=8,
-                                  shards_per_read=1, rounds_per_window=1, status_every=every, status_read_every=0,
-                                  status_cap_records=256, status_cap_bytes=cap_bytes)
-        return Model(n, "sharded", args, sizes, seed=2).run(rounds=4, warmup=4)
+        return _status_run(sizes, n, every, cap_bytes)
 
     small, big = run(16, 1), run(48, 1)
     assert small["status_records_held"] == 16 and big["status_records_held"] == 48
@@ -67,3 +73,25 @@ def test_status_records_cost_a_store_the_whole_key_and_fill_the_cap(sizes: Sizes
     assert 0.15 < quarter < 0.4, quarter
     assert big["total_bytes_per_node_round"] == pytest.approx(
         big["bytes_per_node_round"] + big["status_bytes_per_node_round"], abs=2)
+
+
+def test_status_shards_cut_what_a_store_hears_about_shards_fold_and_hold_past_one_keys_cap(sizes: Sizes) -> None:
+    """With STATUS_SHARDS keys a store hears only its shard's records: the bytes of records the
+    stores hear back (a store's bytes less those of a store into an empty key) fall about
+    STATUS_SHARDS-fold (less the unevenness of the shards: sum of squared shard sizes), the hottest
+    replica serves a fraction of what the one key's did, and records past one key's cap are held
+    (every shard has its own cap) and read back."""
+    shards, n, roomy = keys.STATUS_SHARDS, 128, 1 << 20
+    one, sharded = _status_run(sizes, n, 1, roomy), _status_run(sizes, n, 1, roomy, shards)
+    one_empty, sharded_empty = _status_run(sizes, n, 1, 0), _status_run(sizes, n, 1, 0, shards)
+    assert one["status_records_held"] == sharded["status_records_held"] == n
+    heard_one = one["status_bytes_per_node_round"] - one_empty["status_bytes_per_node_round"]
+    heard_sharded = sharded["status_bytes_per_node_round"] - sharded_empty["status_bytes_per_node_round"]
+    assert 0.6 * shards < heard_one / heard_sharded < 1.1 * shards, heard_one / heard_sharded
+    assert sharded["status_hottest_node_bytes_served_round"] < 0.25 * one["status_hottest_node_bytes_served_round"]
+    # Under the real cap (256 KiB: 63 records of this size), one key holds 63 of 128; the shards hold all.
+    capped_one, capped = _status_run(sizes, n, 1, read_every=1), _status_run(sizes, n, 1, shards=shards, read_every=1)
+    per_key = (256 << 10) // sizes.status
+    assert capped_one["status_records_held"] == per_key < n == capped["status_records_held"]
+    assert capped["status_payload_bytes_in_per_node_round"] == n * sizes.status  # a read returns every record
+    assert capped_one["status_payload_bytes_in_per_node_round"] == per_key * sizes.status
