@@ -201,7 +201,7 @@ def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: i
     times a window and publish in the first 16 of them (swarm.slots_per_window), the light peers once
     a window; groups of G=8 completions of `tokens` tokens; a status record stored at most every
     `status_interval_s` (the node's metrics.status_min_interval_s unless given; a step each when 0)
-    and the status key read every 100 s (record_ttl_s / 3), every record with 32 receipts. One
+    and every status shard read every 100 s (record_ttl_s / 3), every record with 32 receipts. One
     measured window after two to settle."""
     import argparse
 

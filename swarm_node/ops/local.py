@@ -51,7 +51,7 @@ LOCAL_DEFAULTS: list[str] = [
     "swarm.max_peer_groups_per_step=2",
     "swarm.max_groups_per_peer=2",
     "checkpoint.keep=1",
-    # a local swarm's status key holds a few records, so a store costs little: status at every step,
+    # a local swarm's status shards hold a few records, so a store costs little: status at every step,
     # and the dashboard follows each one (a real swarm: at most every 30 s, config help)
     "metrics.status_min_interval_s=0",
 ]

@@ -9,14 +9,16 @@ counted by reason (`refusals`, logged at most once a minute).
 
 What a full key does depends on the key (docs/method.md, "What a hostile peer can do"):
 
-* a key of `incumbent_keys` (the swarm's status key) keeps the records it holds: a new owner's
-  record into a full key is refused (`key_full`), and a record never evicts another that has been
-  held longer. An owner keeps its standing while its record is live (a re-store replaces it in
-  place; a re-store that outgrows the key's bytes evicts the records held for less time than it,
-  newest first). So no number of fresh identities can push out the status records a replica holds:
-  a Sybil flood fills only the room that is free, and honest nodes keep re-storing theirs. The room
-  a flood fills is lost to nodes joining later until the flood's records lapse (their owners must
-  keep re-storing them).
+* a key of `incumbent_keys` (each of the swarm's status shards, `keys.status_keys`) keeps the
+  records it holds: a new owner's record into a full key is refused (`key_full`), and a record
+  never evicts another that has been held longer. An owner keeps its standing while its record is
+  live (a re-store replaces it in place; a re-store that outgrows the key's bytes evicts the
+  records held for less time than it, newest first). So no number of fresh identities can push out
+  the status records a replica holds: a Sybil flood fills only the room that is free, and honest
+  nodes keep re-storing theirs. The room a flood fills is lost to nodes joining later until the
+  flood's records lapse (their owners must keep re-storing them). The caps hold per shard: a flood
+  ground into one shard fills only that shard's room (the validators refuse a record outside its
+  owner's shard).
 * any other key (rollout index windows and shards, prompt-set manifests) makes room for a smaller
   record by evicting larger ones, largest first (`evicted_for_smaller`): an index key lives one
   window, so what matters there is that a flood of large records cannot lock out small honest ones.
