@@ -300,9 +300,9 @@ class MetricsConfig(_Section):
     status_min_interval_s: float = Field(
         30.0, ge=0.0, le=600.0,
         description="Seconds at least between two status records (and every status_every_steps steps). A status "
-                    "store reaches the status key's replicas, and each answers with every record it holds (up to "
-                    "swarm.max_bytes_per_key): published at every step of a fast node, status records were about "
-                    "two thirds of its bytes (docs/results/soak.md). Readers look every record_ttl_s / 3; 0: every step.")
+                    "store reaches the replicas of the node's status shard, and each answers with every record it "
+                    "holds (up to swarm.max_bytes_per_key): published at every step of a fast node, status records "
+                    "were about two thirds of its bytes when one key held them all (docs/results/soak.md). Readers look every record_ttl_s / 3; 0: every step.")
     ledger_max_peers: int = Field(256, ge=1, le=65536, description="Peers the peer ledger (peer_ledger.json) "
                                   "keeps, least recently seen forgotten first.")
     ledger_every_steps: int = Field(10, ge=1, description="Write the peer ledger every N steps (and at checkpoints).")
