@@ -12,9 +12,14 @@ steps; what depends on the prompt set changes there:
   successor's assignment. For one `swarm.record_ttl_s` after the switch (more than any following
   node takes to see the end: its keeper reads the key every window) an index entry that only the
   ended set's assignment takes is still fetched (`HandoverQuota`), since an index entry names no
-  set: a peer that has not switched yet then sees its group dropped as `unknown_prompt` (it names
-  the ended set: counted, no fault of the peer) rather than blamed as `wrong_prompt`. A group
-  naming the successor is checked against the successor's assignment alone. The other way round
+  set, and a peer's group on the ended set is trained on (`NodeParts.ended_prompt_set`, read by
+  `peer_rollouts._known_problem`): its problems are as good as they were, and dropping them left
+  nodes without peer groups for about 25 steps at each switch in the soak. Not when the successor
+  has another answer kind (the ended set's reward is gone) nor in horizontal collaboration (its
+  advantage groups are keyed by prompt index alone); there, and after the handover, such a group
+  is dropped as `unknown_prompt`, counted and no fault of the peer, rather than blamed as
+  `wrong_prompt`. A group naming the successor is checked against the successor's assignment
+  alone. The other way round
   is not covered: a node that has not seen the end yet judges a switched peer's entries by the
   ended set (`wrong_prompt`, a fault), for at most about one window;
 * the reward function, when the successor's answer kind differs;
@@ -91,13 +96,14 @@ def switch_prompt_set(parts: NodeParts, followed: FollowedSet, assignment: Promp
             if close in parts.close_hooks:
                 parts.close_hooks.remove(close)
             close()
+    until = parts.dht_time() + cfg.swarm.record_ttl_s
     admission = parts.admission
     if admission is not None:
         binding = admission.binding
         previous_quota = binding.current if isinstance(binding, HandoverQuota) else binding
         admission.prompts = assignment
-        admission.binding = HandoverQuota(WindowQuota(assignment), previous_quota,  # type: ignore[assignment]
-                                          until=parts.dht_time() + cfg.swarm.record_ttl_s)
+        admission.binding = HandoverQuota(WindowQuota(assignment), previous_quota, until=until)  # type: ignore[assignment]
+    parts.ended_prompt_set = (old, until) if new.answer_kind == old.answer_kind else None
     parts.prompt_set = new
     log.info("switched to prompt set %s (%d problems), the successor of %s, which its operator ended",
              new.id, len(new), " -> ".join(followed.ended) or old.id)
