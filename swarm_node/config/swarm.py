@@ -95,6 +95,10 @@ class SwarmConfig(BaseModel):
     max_peer_tokens_per_step: int | None = Field(
         None, ge=1, description="Completion tokens of peer groups taken per step (None: max_peer_groups_per_step "
                                 "x the largest peer G x generation.max_new_tokens).")
+    max_fetch_bytes_per_peer: int | None = Field(
+        None, ge=1 << 20, description="Bytes of chunks one peer's index entries can make a gather download (fetched "
+                                      "and then dropped or not: a Sybil bound). None: twice the largest encoded group "
+                                      "(what one largest group needs), raised to a chunk per max_groups_per_peer slot.")
     allowed_peers: list[str] = Field(
         default_factory=list, description="Closed swarm: take groups only from these peer ids (empty: open swarm).")
     allowed_peers_file: Path | None = Field(

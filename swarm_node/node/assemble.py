@@ -144,6 +144,7 @@ def _build_parts(cfg: NodeConfig, transport: Any | None, prompt_set: Any | None,
                                    index_peers_per_shard=cfg.swarm.index_peers_per_shard,
                                    index_shards_per_read=cfg.swarm.index_shards_per_read,
                                    temperature_range=(cfg.swarm.min_peer_temperature, cfg.swarm.max_peer_temperature),
+                                   max_bytes_per_peer=cfg.swarm.max_fetch_bytes_per_peer,
                                    admission=build_admission(cfg, prompt_set, ledger.reputation), ledger=ledger)
         peer_id = transport.peer_id
         dht_time = transport.dht_time

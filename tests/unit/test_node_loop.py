@@ -226,3 +226,10 @@ def test_a_node_restarted_in_the_window_of_its_last_step_continues_at_the_next_s
     (tmp_path / "R" / "slot.json").unlink()
     assert step_of(make_node(tmp_path, swarm, "R", extra=extra)) == before
     assert receiver.run_step().get("dropped_window_slot_overused", 0) >= 1
+
+
+def test_the_fetch_budget_per_peer_is_a_setting(tmp_path):
+    node = make_node(tmp_path, MemorySwarm(), "F", extra=["swarm.max_fetch_bytes_per_peer=3145728"])
+    default = make_node(tmp_path, MemorySwarm(), "G")
+    assert node.parts.exchange.max_bytes_per_peer == 3 << 20
+    assert default.parts.exchange.max_bytes_per_peer == 2 * default.parts.exchange.max_group_bytes
