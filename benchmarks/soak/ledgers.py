@@ -93,7 +93,7 @@ def given_agreement(run_dir: Path, ids: dict[str, str], events: list[dict[str, A
     for e in events:
         if e["kind"] == "kill" and "ledger_taken" in e:
             kill_ledger[e["node"]] = e["ledger_taken"]
-        if e["kind"] in ("start", "restart", "late_join"):
+        if e["kind"] in ("start", "restart", "supervised_restart", "late_join"):
             starts[e["node"]].append(e["time"])
             if e["kind"] == "restart" and e["node"] in kill_ledger:
                 loaded[(e["node"], e["time"])] = kill_ledger.pop(e["node"])

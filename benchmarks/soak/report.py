@@ -16,7 +16,7 @@ from benchmarks.soak.plan import (MAX_GROUPS_PER_PEER, MAX_PEER_GROUPS, PROMPTS_
 from benchmarks.soak.ledgers import exclusions, fairness, given_agreement
 from benchmarks.soak.sampling import metrics_rows, read_jsonl
 
-RECOVERY_KINDS = ("restart", "thaw", "reconnect", "late_join")
+RECOVERY_KINDS = ("restart", "supervised_restart", "thaw", "reconnect", "late_join")
 
 
 def slope_per_hour(points: list[tuple[float, float]]) -> float:
@@ -285,7 +285,7 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
                   "light_seen": len(light)},
         "events": [{k: e[k] for k in ("minute", "kind") } | {"node": e.get("node", "")} for e in events
                    if e["kind"] in ("kill", "restart", "freeze", "thaw", "cut", "reconnect", "late_join", "seed",
-                                    "end_prompt_set", "exited", "cut_skipped")],
+                                    "end_prompt_set", "exited", "supervised_restart", "cut_skipped")],
         "nodes": nodes, "light": {"rss": light_rss, "publishes": len(light_rows),
                                   "gathered_mean": round(statistics.fmean(r["gathered"] for r in light_rows), 2)
                                   if light_rows else None},

@@ -35,6 +35,9 @@ from benchmarks.soak.sampling import jsonl as _jsonl
 from benchmarks.soak.sampling import sample_ledgers, sample_processes
 
 SAMPLE_S = 10.0
+# A node that exits by itself (one that could not join the start-up storm) is started again after
+# this, as its supervisor would: deploy/compose.yaml runs nodes with `restart: unless-stopped`.
+SUPERVISOR_DELAY_S = 10.0
 LEDGER_S = 15.0
 PY = sys.executable
 
@@ -275,6 +278,12 @@ class Soak(Chaos):
                     self.exited.add(name)
                     tail = p.log.read_text(errors="replace").strip().splitlines()[-1:] if p.log.exists() else []
                     self.event("exited", node=name, exit_code=p.proc.returncode, last_line=tail[0][-300:] if tail else "")
+                    self._supervise_at[name] = time.time() + SUPERVISOR_DELAY_S
+            for name, at in list(self._supervise_at.items()):
+                if time.time() >= at:  # as deploy/compose.yaml's `restart: unless-stopped` would
+                    del self._supervise_at[name]
+                    self.exited.discard(name)
+                    self.start_node(self.node(name), why="supervised_restart")
             time.sleep(min(1.0, max(0.0, end - time.time())))
 
     # ---- the run -----------------------------------------------------------------------------
@@ -282,6 +291,7 @@ class Soak(Chaos):
     def run(self) -> None:
         self._next_sample = self._next_ledger = 0.0
         self.exited: set[str] = set()
+        self._supervise_at: dict[str, float] = {}  # exited node -> when its supervisor starts it again
         plan = self.plan
         self.network()
         self.warm_models()
@@ -299,6 +309,7 @@ class Soak(Chaos):
                 break
             if kind == "kill":
                 self.exited.discard(arg)
+                self._supervise_at.pop(arg, None)  # the kill's own restart starts it
                 self.kill_restart(arg)
             elif kind == "freeze":
                 name, _, windows = arg.partition(":")
