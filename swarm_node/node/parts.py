@@ -186,7 +186,7 @@ class NodeParts:
     window_prompts: bool | None = None
     prompt_keeper: PromptKeeper | None = None  # None: no seeded prompt set to keep alive
     # The set a switch left and the DHT time until which peers' groups on it are still trained on
-    # (`prompt_switch`: the handover); None: no switch, or one to another answer kind.
+    # (`prompt_switch`: the handover); None: no switch, one to another answer kind, or horizontal.
     ended_prompt_set: tuple[PromptSet, float] | None = None
     spot_checker: SpotChecks | None = None  # logprob spot-checks of peers' groups; None: none
 

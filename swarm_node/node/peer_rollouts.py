@@ -181,11 +181,10 @@ def _record(parts: NodeParts, group: RolloutGroup, reason: str | None) -> None:
 
 def _known_problem(parts: NodeParts, ref: PromptRef) -> Problem | None:
     """The problem `ref` names in this node's prompt set or, during the handover after a switch, in the
-    set it left (`NodeParts.ended_prompt_set`); not in horizontal collaboration, whose advantage
-    groups are keyed by prompt index alone."""
+    set it left (`NodeParts.ended_prompt_set`)."""
     ps, ended = parts.prompt_set, parts.ended_prompt_set
-    if (ref.prompt_set_id != ps.id and ended is not None and ref.prompt_set_id == ended[0].id
-            and parts.dht_time() < ended[1] and parts.config.swarm.collaboration != "horizontal"):
+    if ref.prompt_set_id != ps.id and ended is not None and ref.prompt_set_id == ended[0].id \
+            and parts.dht_time() < ended[1]:
         ps = ended[0]
     if ref.prompt_set_id != ps.id or not 0 <= ref.index < len(ps):
         return None

@@ -103,7 +103,10 @@ def switch_prompt_set(parts: NodeParts, followed: FollowedSet, assignment: Promp
         previous_quota = binding.current if isinstance(binding, HandoverQuota) else binding
         admission.prompts = assignment
         admission.binding = HandoverQuota(WindowQuota(assignment), previous_quota, until=until)  # type: ignore[assignment]
-    parts.ended_prompt_set = (old, until) if new.answer_kind == old.answer_kind else None
+    # Not to another answer kind (the ended set's reward is gone) nor in horizontal collaboration (its
+    # advantage groups are keyed by prompt index alone, which the two sets share).
+    handover = new.answer_kind == old.answer_kind and cfg.swarm.collaboration != "horizontal"
+    parts.ended_prompt_set = (old, until) if handover else None
     parts.prompt_set = new
     log.info("switched to prompt set %s (%d problems), the successor of %s, which its operator ended",
              new.id, len(new), " -> ".join(followed.ended) or old.id)
