@@ -210,6 +210,11 @@ class Model:
             "client_bytes_per_node_round": round(mean(lambda t: t.client.mean())),
             "bytes_per_node_round": round(mean(lambda t: (t.client + t.served).mean())),
             "active_bytes_per_node_round": round(mean(lambda t: (t.client + t.served)[:active].mean())),
+            # the split a node of another step rate needs (benchmarks.soak): its client traffic is per
+            # step (publish, gather), what it serves as a replica and its status traffic per unit of time
+            "active_client_bytes_per_node_round": round(mean(lambda t: t.client[:active].mean())),
+            "active_served_bytes_per_node_round": round(mean(lambda t: t.served[:active].mean())),
+            "active_status_bytes_per_node_round": round(status_mean(lambda ts: (ts.client + ts.served)[:active].mean())),
             "payload_bytes_in_per_node_round": round(mean(lambda t: t.payload_in.mean())),
             "hottest_node_bytes_served_round": round(mean(lambda t: t.served.max())),
             "hottest_node_requests_round": round(mean(lambda t: t.requests.max())),

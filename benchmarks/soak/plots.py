@@ -83,8 +83,11 @@ def plot_run(run_dir: Path, summary: dict[str, Any], out_dir: Path) -> list[Path
     fig, ax = plt.subplots(figsize=(9, 4))  # bytes per step against the scale model
     nodes = [(n, v) for n, v in summary["nodes"].items() if v.get("daemon_bytes_per_step")]
     ax.bar([n for n, _ in nodes], [v["daemon_bytes_per_step"] / 1e3 for _, v in nodes], label="measured (p2p daemon I/O / 2)")
-    ax.axhline(summary["scale_model"]["bytes_per_node_round"] / 1e3, color="k", ls="--", label="benchmarks.scale prediction")
-    ax.set(ylabel="kB per step", title=f"Network bytes per node and step at {summary['peers']['total']} peers")
+    predicted = [v.get("scale_model_bytes_per_step", summary["scale_model"]["bytes_per_node_round"]) / 1e3
+                 for _, v in nodes]
+    ax.scatter([n for n, _ in nodes], predicted, color="k", marker="_", s=400, zorder=3,
+               label="benchmarks.scale prediction at the node's step rate")
+    ax.set(yscale="log", ylabel="kB per step", title=f"Network bytes per node and step at {summary['peers']['total']} peers")
     ax.tick_params(axis="x", rotation=45, labelsize=7)
     ax.legend()
     save(fig, "soak_bytes.png")

@@ -97,6 +97,7 @@ def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]],
     io = [(s["time"], s["daemon_io"]) for s in longest if s["daemon_io"] > 0]
     steps_in = [r for r in rows if io and io[0][0] <= r["time"] <= io[-1][0]]
     daemon_bytes_per_step = ((io[-1][1] - io[0][1]) / 2 / max(1, len(steps_in))) if len(io) > 1 and steps_in else None
+    io_windows = (io[-1][0] - io[0][0]) / WINDOW_S if len(io) > 1 else 0.0
 
     def mean(key: str) -> float:
         return round(statistics.fmean(r.get(key, 0.0) for r in rows), 3)
@@ -116,6 +117,7 @@ def node_summary(run_dir: Path, name: str, samples: list[dict[str, Any]],
         "payload_bytes_per_step": round(statistics.fmean(r.get("bytes_sent", 0) + r.get("bytes_received", 0)
                                                          for r in rows)),
         "daemon_bytes_per_step": round(daemon_bytes_per_step) if daemon_bytes_per_step else None,
+        "daemon_steps_per_window": round(len(steps_in) / io_windows, 3) if io_windows > 0 and steps_in else None,
         "index_read_failures_per_step": mean("index_read_failures"),
         "store_failures_per_step": mean("store_failures"),
         "gen_seconds_mean": mean("gen_seconds"), "step_seconds_mean": mean("step_seconds"),
@@ -221,10 +223,29 @@ def scale_prediction(peers: int, active: int, steps_per_window: float, tokens: i
     return {"peers": peers, "active": active, "rounds_per_window": rpw, "tokens": tokens,
             "status_interval_s": status_interval_s,
             "bytes_per_node_round": res["active_total_bytes_per_node_round"],
+            "client_bytes_per_node_round": res["active_client_bytes_per_node_round"],
+            "served_bytes_per_node_round": res["active_served_bytes_per_node_round"],
             "exchange_bytes_per_node_round": res["active_bytes_per_node_round"],
-            "status_bytes_per_node_round": res["status_bytes_per_node_round"],
+            "status_bytes_per_node_round": res["active_status_bytes_per_node_round"],
             "bytes_per_node_round_all_peers": res["total_bytes_per_node_round"],
             "payload_bytes_in_per_node_round": res["payload_bytes_in_per_node_round"]}
+
+
+def node_prediction(predicted: dict[str, Any], steps_per_window: float | None) -> int:
+    """The model's bytes per step for a node that steps `steps_per_window` times a window.
+
+    The model's round is one step of the median node (`rounds_per_window` a window). Of a node's
+    traffic, the client side of the exchange (its publishes and gathers) comes once a step, while
+    what it serves as a replica and its status traffic (a record stored every
+    metrics.status_min_interval_s, the shards read every record_ttl_s / 3) come per unit of time. A
+    node stepping once in six windows carries six windows of the latter on each step: per step,
+    client + (served + status) * rounds_per_window / steps_per_window. At the median rate this is the
+    model's bytes_per_node_round."""
+    rpw = predicted["rounds_per_window"]
+    per_time = predicted["served_bytes_per_node_round"] + predicted["status_bytes_per_node_round"]
+    if not steps_per_window or steps_per_window <= 0:
+        return predicted["bytes_per_node_round"]
+    return round(predicted["client_bytes_per_node_round"] + per_time * rpw / steps_per_window)
 
 
 def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
@@ -248,7 +269,8 @@ def summarise(run_dir: Path, plan: SoakPlan) -> dict[str, Any]:
     predicted = scale_prediction(plan.peers, len(plan.nodes), spw, round(statistics.fmean(tokens)) if tokens else 16)
     for v in nodes.values():
         if v.get("daemon_bytes_per_step"):
-            v["daemon_bytes_vs_scale_model"] = round(v["daemon_bytes_per_step"] / predicted["bytes_per_node_round"], 2)
+            v["scale_model_bytes_per_step"] = node_prediction(predicted, v.get("daemon_steps_per_window"))
+            v["daemon_bytes_vs_scale_model"] = round(v["daemon_bytes_per_step"] / v["scale_model_bytes_per_step"], 2)
     rec = recoveries(run_dir, events, ids, light_rows)
     fair = fairness(ledgers, ids, light)
     excl = exclusions(run_dir, plan, ids, light)
