@@ -133,6 +133,7 @@ GATHER_SECONDS = "gather_seconds"
 INDEX_READ_FAILURES = "index_read_failures"
 STORE_FAILURES = "store_failures"
 STORED_KEYS = "stored_keys"
+DHT_CALLS_COLLECTED = "dht_calls_collected"
 ALONE_SECONDS = "alone_seconds"
 REDIALS = "redials"
 UPTIME_SECONDS = "uptime_seconds"
@@ -269,6 +270,7 @@ METRICS: dict[str, str] = {
     STORE_FAILURES: "Records or chunks no peer accepted in time in the step.",
     # `swarm-node bootstrap` (no steps): its DHT's state every few seconds
     STORED_KEYS: "DHT keys this peer holds for the swarm.",
+    DHT_CALLS_COLLECTED: "DHT calls whose task the DHT process lost while it waited for an answer that could not come (since start).",
     ALONE_SECONDS: "Seconds since this peer has had no live peer (0 when connected).",
     REDIALS: "Re-dial rounds run by self-healing membership since start.",
     UPTIME_SECONDS: "Seconds since this bootstrap started.",

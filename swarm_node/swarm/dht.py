@@ -224,7 +224,8 @@ class HivemindTransport(Transport):
         if out is None:
             return None
         return Health(live_peers=int(out["live_peers"]), routing_table_size=int(out["routing_table_size"]),
-                      peers=dict(out["peers"]), stored_keys=int(out["stored_keys"]))
+                      peers=dict(out["peers"]), stored_keys=int(out["stored_keys"]),
+                      collected_calls=int(out.get("collected_calls", 0)))
 
     def health(self) -> dict[str, float]:
         return self.membership.snapshot()  # what the keeper last saw: no DHT call

@@ -43,6 +43,7 @@ class Health:
     routing_table_size: int
     peers: dict[str, list[str]] = field(default_factory=dict)  # peer id -> multiaddrs (may be empty)
     stored_keys: int = 0  # DHT keys this peer holds for the swarm
+    collected_calls: int = 0  # DHT calls lost in the DHT process so far (dht_process._drop_collected_calls)
 
 
 class Dialer(Protocol):
@@ -187,5 +188,5 @@ class MembershipKeeper(PeriodicThread):
                m.REDIALS: float(self.stats.redials)}
         if last is not None:
             out.update({m.LIVE_PEERS: float(last.live_peers), m.ROUTING_TABLE_SIZE: float(last.routing_table_size),
-                        m.STORED_KEYS: float(last.stored_keys)})
+                        m.STORED_KEYS: float(last.stored_keys), m.DHT_CALLS_COLLECTED: float(last.collected_calls)})
         return out
