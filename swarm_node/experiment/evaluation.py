@@ -62,7 +62,7 @@ class Evaluator:
 
     def __init__(self, spec: Any, heldout: PromptSet, system_prompt: str | None, cache: Path,
                  ood: PromptSet | None = None, worked_example: bool = False) -> None:
-        from swarm_node.experiment.spec import eval_task
+        from swarm_node.experiment.configs import eval_task
         from swarm_node.tasks import make_reward_fn
 
         self.spec, self.heldout, self.ood, self.system_prompt = spec, heldout, ood, system_prompt

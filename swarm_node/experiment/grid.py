@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from swarm_node.util.atomic import atomic_write_text, file_lock
-from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config, run_id
+from swarm_node.experiment.spec import ExperimentSpec, run_id
+from swarm_node.experiment.configs import eval_task, node_config
 from swarm_node.util.machine import fingerprint
 from swarm_node.tasks.base import PromptSet
 

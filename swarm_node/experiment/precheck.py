@@ -151,7 +151,7 @@ def _own_view(node: Any, peer: Any, completion: Any) -> Any | None:
 def run_precheck(spec: Any, log: Callable[[str], None] = print, prompts: int = 32) -> list[dict[str, Any]]:
     """Every (pair, node with a weak skill, peer) direction of the spec, on the first seed's warm models."""
     from swarm_node.experiment.grid import prepare_models
-    from swarm_node.experiment.spec import node_config
+    from swarm_node.experiment.configs import node_config
 
     seed = spec.experiment.seeds[0]
     models = prepare_models(spec, log, seeds=[seed])

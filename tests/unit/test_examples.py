@@ -177,7 +177,7 @@ def test_crosstok_long_assignments_and_reference_share_seeds():
 def test_staleness_sweep_lags_and_seeds(tmp_path):
     """The staleness sweep (issue 42): 1a's pair and settings, F-TIS and NoIS at the same lags, fresh seeds,
     and every lag admitted and kept by the nodes until it arrives."""
-    from swarm_node.experiment.spec import node_config
+    from swarm_node.experiment.configs import node_config
 
     spec, one_a = _experiment("sandbox_staleness.toml"), _experiment("sandbox_power_long.toml")
     assert spec.pairs[0].nodes == ["add-spec", "sub-spec"]

@@ -15,7 +15,8 @@ import pytest
 from swarm_node.util.atomic import file_lock
 from swarm_node.experiment.grid import prepare_models, run_grid
 from swarm_node.experiment.lockstep import Delivery, LaggedTransport, RoundClock
-from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.spec import ExperimentSpec
+from swarm_node.experiment.configs import node_config
 from swarm_node.experiment.swarm_mode import local_file
 from swarm_node.util.machine import fingerprint
 from swarm_node.swarm.memory import MemorySwarm

@@ -8,7 +8,8 @@ from collections import defaultdict
 import pytest
 
 from swarm_node.experiment.lockstep import run_lockstep
-from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.spec import ExperimentSpec
+from swarm_node.experiment.configs import node_config
 from swarm_node.policy.trainer import Trainer
 
 SPEC = """

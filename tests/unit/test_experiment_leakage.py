@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file
 
 from swarm_node.experiment.grid import heldout_set, prepare_models, warmup_questions
-from swarm_node.experiment.spec import ExperimentSpec, eval_task, node_config
+from swarm_node.experiment.spec import ExperimentSpec
+from swarm_node.experiment.configs import eval_task, node_config
 from swarm_node.experiment.warmup import warmup_pool
 from swarm_node.tasks import load_prompt_set
 from swarm_node.tasks.heldout import VALIDATION_EVERY, split_of

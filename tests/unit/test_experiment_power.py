@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from swarm_node.experiment.evaluation import Evaluator, skill_accuracies, skill_of
-from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.spec import ExperimentSpec
+from swarm_node.experiment.configs import node_config
 from swarm_node.experiment.summary import collect, markdown, summarise, write_summary
 from swarm_node.experiment.warmup import WarmupSpec, op_quotas, problem_op, warmup_problems
 from swarm_node.tasks.base import Problem, PromptSet

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from swarm_node.experiment.spec import ExperimentSpec, node_config
+from swarm_node.experiment.spec import ExperimentSpec
+from swarm_node.experiment.configs import node_config
 from swarm_node.experiment.stats import curve_auc, mean_ci, t975
 from swarm_node.experiment.summary import summarise
 

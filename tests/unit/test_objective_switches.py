@@ -124,7 +124,8 @@ def test_experiment_arms_read_the_old_names():
 
 
 def test_an_arm_names_the_loss_over_an_old_default(tmp_path):
-    from swarm_node.experiment.spec import ExperimentSpec, node_config
+    from swarm_node.experiment.spec import ExperimentSpec
+    from swarm_node.experiment.configs import node_config
 
     spec = ExperimentSpec.model_validate({
         "defaults": {"objective": {"variant": "f-tis", "kl_threshold": 5.0}},
