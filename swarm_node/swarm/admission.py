@@ -225,10 +225,11 @@ class Admission:
         return self.binding.entry_reason(owner, prompt_index, created_at)
 
     def sample(self, candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random,
-               cost: Callable[[C], float] = lambda _: 0.0, max_cost_per_peer: float = math.inf) -> list[C]:
+               cost: Callable[[C], float] = lambda _: 0.0, max_cost_per_peer: float = math.inf,
+               recency: Callable[[C], float] = lambda _: 0.0) -> list[C]:
         """`sampling.fair_sample` with this node's reputation weights and standings."""
         return fair_sample(candidates, max_groups, max_per_peer, rng, self.reputation.weight,
-                           self.reputation.standing, cost, max_cost_per_peer)
+                           self.reputation.standing, cost, max_cost_per_peer, recency)
 
     def record(self, owner: str, reason: str | None) -> None:
         """Feed the reputation: an accepted group (None) or a drop attributed to `owner`."""

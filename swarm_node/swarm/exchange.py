@@ -338,10 +338,14 @@ class RolloutExchange:
         def cost(c: _Candidate) -> float:
             return fetch_cost(c.entry)
 
+        def recency(c: _Candidate) -> float:
+            return c.window  # a peer's newest groups first (sampling.py, "Newest first")
+
         budget = max(self.max_bytes_per_peer, max_per_peer * MAX_BLOB_BYTES)  # a chunk per slot, at least
         if self.admission is not None:
-            return self.admission.sample(candidates, max_groups, max_per_peer, rng, cost, budget)
-        return fair_sample(candidates, max_groups, max_per_peer, rng, cost=cost, max_cost_per_peer=budget)
+            return self.admission.sample(candidates, max_groups, max_per_peer, rng, cost, budget, recency)
+        return fair_sample(candidates, max_groups, max_per_peer, rng, cost=cost, max_cost_per_peer=budget,
+                           recency=recency)
 
     def _fetch_chosen(self, chosen: list[_Candidate], deadline: float, current: int, staleness: int,
                       drops: DropCounter) -> list[RolloutGroup]:

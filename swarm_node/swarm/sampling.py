@@ -25,6 +25,12 @@ order), each within its own quota. Slots left when the seats are done go to newc
 (leftovers, each within its own quota): a swarm of newcomers only (a fresh swarm) is served as
 before; probed peers get nothing beyond their seat's one group.
 
+**Newest first.** Of one owner's candidates (a peer publishes in every window, and its groups of
+the last `swarm.staleness_steps` windows are all candidates) a gather takes those of the newest
+window first. Measured in docs/results/staleness.md: F-TIS's gain on a peer's group falls with
+its age in the receiver's steps (lags 0 to 16), so of two groups of one peer the newer is worth
+more; an older one is taken when the newer are taken already or over budget.
+
 **Bytes.** An owner's chosen candidates cost at most `max_cost_per_peer` in all (`cost` of a
 candidate: the most its fetch can download), so no identity makes a receiver download more than
 that per gather; a candidate over what is left of its owner's budget is skipped.
@@ -102,16 +108,19 @@ class _Picker:
 
 def fair_sample(candidates: Sequence[C], max_groups: int, max_per_peer: int, rng: random.Random,
                 weight: Callable[[str], float] = lambda _: 1.0, standing: Callable[[str], str] = lambda _: OWN,
-                cost: Callable[[C], float] = lambda _: 0.0, max_cost_per_peer: float = math.inf) -> list[C]:
+                cost: Callable[[C], float] = lambda _: 0.0, max_cost_per_peer: float = math.inf,
+                recency: Callable[[C], float] = lambda _: 0.0) -> list[C]:
     """At most `max_groups` candidates, at most `max_per_peer` of an owner (fewer by its weight),
     by seats, lottery and rounds (module doc). `weight` in (0, 1]; `standing` one of OWN,
-    NEWCOMER, PROBE. Deterministic given `rng`."""
+    NEWCOMER, PROBE. Of one owner's candidates the most recent (`recency`: the exchange passes the
+    window) go first, in random order among equals. Deterministic given `rng`."""
     by_owner: dict[str, list[C]] = defaultdict(list)
     for c in candidates:
         by_owner[c.owner].append(c)
     owners = sorted(by_owner)
     for o in owners:
         rng.shuffle(by_owner[o])
+        by_owner[o].sort(key=recency)  # stable: shuffled among equals; _Picker pops from the end, newest first
     weights = {o: weight(o) for o in owners}
     keys = {o: lottery_key(rng, weights[o]) for o in owners}
     quotas = {o: quota(max_per_peer, weights[o]) for o in owners}

@@ -106,6 +106,24 @@ def test_caps_bound_work_per_step(swarm: MemorySwarm) -> None:
     assert me.transport.traffic["blobs_fetched"] == 30
 
 
+def test_a_peers_newest_groups_are_taken_first(swarm: MemorySwarm, clock: Clock) -> None:
+    """A peer publishes 4 groups in each of 3 windows; a receiver allowed 2 of it per gather takes
+    those of the newest window, then the next newest (docs/results/staleness.md: F-TIS's gain on a
+    group falls with its age)."""
+    a, me = _exchange(swarm, "A"), _exchange(swarm, "me")
+    for k in range(3):
+        t = T0 + k * WINDOW_S
+        clock.t = t
+        a.publish_groups([_group("A", 10 * k + i, t=t) for i in range(4)], _window(t))
+    for seed in range(3):
+        taken = []
+        for gather in range(6):
+            got, _ = me.fetch_groups(_window(clock.t), 2, 8, 2, 5.0, random.Random(100 * seed + gather))
+            taken.append(sorted(g.prompt.index // 10 for g in got))
+        assert taken == [[2, 2], [2, 2], [1, 1], [1, 1], [0, 0], [0, 0]]
+        me = _exchange(swarm, f"me{seed}")  # a fresh receiver, another draw
+
+
 def test_stale_windows_are_not_read(swarm: MemorySwarm, clock: Clock) -> None:
     a, b = _exchange(swarm, "A"), _exchange(swarm, "B")
     a.publish_groups([_group("A", 0)], _window())
