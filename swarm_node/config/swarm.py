@@ -37,12 +37,17 @@ class SwarmConfig(BaseModel):
                     "about staleness_steps x window_seconds (120 s by default) of its step's start: a node whose "
                     "step takes longer generates it in sub-batches, publishes each as soon as it is complete, and "
                     "trains on, but does not publish, groups complete too late (docs/architecture.md, \"Slow "
-                    "nodes\"). The swarm should agree on it.")
+                    "nodes\"). The swarm should agree on it. The default is measured (docs/results/staleness.md): "
+                    "F-TIS's gain on a peer's group is largest up to 2 of the receiver's steps of age and about half "
+                    "that from 4 to 16 steps, never below training alone, so older groups are admitted but a "
+                    "gather takes each peer's newest first.")
     window_seconds: float = Field(
         30.0, gt=0,
         description="Length of a DHT time window for index keys (and of the prompt binding's windows); with "
                     "staleness_steps it bounds how long after its step's start a group can be published. The "
-                    "swarm should agree on it.")
+                    "swarm should agree on it. With newest-first gathering, a node stepping about once a window "
+                    "takes peers' groups 0-1 of its steps old, where F-TIS's measured gain is largest "
+                    "(docs/results/staleness.md).")
     record_ttl_s: float = Field(300.0, gt=0, description="Expiration of published records.")
     index_peers_per_shard: int = Field(
         16, ge=1, le=4096,

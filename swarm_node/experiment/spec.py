@@ -63,8 +63,8 @@ class ExperimentSection(_Strict):
         0, ge=0, le=MAX_PEER_LAG,
         description="Lockstep: peers' records become visible k steps late (an arm's `peer_lag` overrides it). "
                     "The nodes' swarm.staleness_steps and swarm.record_ttl_s are raised where they would drop "
-                    "or expire a group before it arrives (`node_config`), so a lag measures F-TIS on stale "
-                    "groups, not the node's staleness bound.")
+                    "or expire a group before it arrives (`configs.node_config`), so a lag measures F-TIS on "
+                    "stale groups, not the node's staleness bound (docs/results/staleness.md: the sweep).")
     cache_dir: Path = Field(DEFAULT_CACHE, description="Where warm-up models and converted models are cached.")
     warmup_seed: Literal["per_seed", "fixed"] = Field(
         "per_seed",
