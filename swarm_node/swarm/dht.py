@@ -25,7 +25,6 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from functools import partial
 from typing import Any
 
-from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils import get_dht_time
 
 from protocol import keys
@@ -59,16 +58,7 @@ from swarm_node.swarm.transport import (
     check_owned_value,
     is_digest,
 )
-from swarm_node.swarm.validators import (
-    CachedRSASignatureValidator,
-    OwnedKeySchedule,
-    ScheduledKeySchemaValidator,
-    DEFAULT_MAX_TTL_S,
-    OwnedRecordValidator,
-    SwarmRecordValidator,
-    key_id,
-    owned_values,
-)
+from swarm_node.swarm.validators import DEFAULT_MAX_TTL_S, OwnedKeySchedule, key_id, node_validators, owned_values
 
 __all__ = ["HivemindTransport", "PipeFixedDHT", "SwarmConnectError", "check_initial_peers"]
 
@@ -122,12 +112,7 @@ class HivemindTransport(Transport):
         self._send_lock = threading.Lock()  # the DHT's command pipe is not safe for concurrent senders
         self._usable: list[str] = []
         self._maddrs_at: float | None = None
-        validators: list[RecordValidatorBase] = [
-            CachedRSASignatureValidator(identity.private_key),
-            SwarmRecordValidator(swarm_id, max_ttl_s),
-        ]
-        if owned_keys is not None:
-            validators += [ScheduledKeySchemaValidator(owned_keys), OwnedRecordValidator(swarm_id, owned_keys)]
+        validators = node_validators(identity.private_key, swarm_id, max_ttl_s, owned_keys)
         self._subkey = validators[0].local_public_key
         kwargs = dict(
             initial_peers=self._initial_peers,

@@ -273,6 +273,18 @@ class OwnedRecordValidator(RecordValidatorBase):
 
 
 @lru_cache(maxsize=1 << 15)
+def node_validators(private_key: RSAPrivateKey, swarm_id: str, max_ttl_s: float,
+                    owned_keys: OwnedKeySchedule | None) -> list[RecordValidatorBase]:
+    """The validators a node's DHT runs, the signature validator first (its `local_public_key` is
+    the subkey the node's owned records are signed under): signed subkeys, the swarm's records and
+    expirations, and, given the owned-key schedule, owned records only under scheduled keys."""
+    validators: list[RecordValidatorBase] = [CachedRSASignatureValidator(private_key),
+                                             SwarmRecordValidator(swarm_id, max_ttl_s)]
+    if owned_keys is not None:
+        validators += [ScheduledKeySchemaValidator(owned_keys), OwnedRecordValidator(swarm_id, owned_keys)]
+    return validators
+
+
 def key_id(key: str) -> bytes:
     """The DHT id of a raw key (cached: a schedule lists thousands of index shard keys every second)."""
     return DHTID.generate(source=key).to_bytes()
