@@ -26,7 +26,8 @@ keeps the bytes (no re-fetch per round; a chunk that failed is tried again at th
 Budget (`swarm.prompt_set_restore_budget_bytes`). A node holds and re-stores at most that many
 bytes of a set (manifest plus chunks), about once per TTL. A set larger than the budget is kept
 alive collectively: each node takes a run of the chunk list starting at an offset drawn from its
-peer id, so nodes cover different chunks; the set survives if together they cover all of it.
+peer id, so nodes cover different chunks (swarm/chunk_share.py); the set survives if together they
+cover all of it.
 
 When (jitter, no stampede). After each read of the key the keeper knows the set's expiration E
 (the latest of its verified manifest copies) and draws its next re-store at a uniformly random
@@ -68,7 +69,6 @@ there, in the step loop.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import threading
@@ -78,6 +78,7 @@ from collections.abc import Callable
 from protocol import keys
 from protocol.messages import PromptSetTombstone
 from swarm_node.metric_names import PROMPT_SET_RESTORED_BYTES, PROMPT_SET_RESTORES, PROMPT_SET_SWITCHES
+from swarm_node.swarm.chunk_share import ChunkShare
 from swarm_node.swarm.periodic import PeriodicThread
 from swarm_node.swarm.prompts import (
     FollowedSet,
@@ -94,7 +95,6 @@ from swarm_node.swarm.transport import DropCounter, Transport
 
 log = logging.getLogger(__name__)
 
-FETCH_BATCH = 8  # chunks fetched per request while filling the budget
 # Re-store windows, as fractions of the remaining lifetime R at the draw: all in its last third,
 # its last twelfth left free. Nodes holding the whole set draw first, nodes holding part of it after.
 FULL_WINDOW = (2.0 / 3.0, 5.0 / 6.0)
@@ -105,11 +105,6 @@ def restore_time(now: float, expiration: float, u: float, partial: bool = False)
     """When to re-store a set expiring at `expiration`, seen at `now`, for a uniform draw `u` in [0, 1)."""
     lo, hi = PARTIAL_WINDOW if partial else FULL_WINDOW
     return now + max(0.0, expiration - now) * (lo + u * (hi - lo))
-
-
-def share_offset(peer_id: str, n_chunks: int) -> int:
-    """Where in the chunk list this node's share starts (different nodes, different runs)."""
-    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % max(1, n_chunks)
 
 
 class PromptSetKeeper(PeriodicThread):
@@ -164,9 +159,7 @@ class PromptSetKeeper(PeriodicThread):
         self.expiration: float | None = None  # the set's expiration the current `due` was drawn from
         self.ended: PromptSetTombstone | None = None
         self.manifest: VerifiedRecord | None = None  # the verified manifest record held
-        self.chunks: dict[str, bytes] = {}  # digest -> verified chunk bytes held (within the budget)
-        self._share: list[str] | None = None
-        self.partial = False  # True once the set turned out larger than the budget (this node keeps a part)
+        self.share: ChunkShare | None = None  # the chunks of it held (within the budget), from the first fill
         self._drawn = (0.0, 0.0, 0.0)  # (now, expiration, u) of the last draw of `due`
         self._seen_bad: set[tuple[str, float]] = set()
         self.successor: FollowedSet | None = None  # loaded after the end, until the node takes it
@@ -279,32 +272,25 @@ class PromptSetKeeper(PeriodicThread):
             return now
         return expiration
 
+    @property
+    def chunks(self) -> dict[str, bytes]:
+        """The verified chunk bytes this node holds of the set, by digest."""
+        return self.share.chunks if self.share is not None else {}
+
+    @property
+    def partial(self) -> bool:
+        """Whether the set turned out larger than the budget (this node keeps a part of it)."""
+        return self.share is not None and self.share.partial
+
     def _fill_share(self) -> list[str]:
-        """The digests this node keeps alive: a run of the manifest's chunk list from this node's offset,
-        as long as it fits the budget; fetches (digest-checked) whatever is not held yet."""
+        """The digests this node keeps alive (`ChunkShare.fill`; the share is made for the held
+        manifest at the first call)."""
         manifest = self.manifest
         assert manifest is not None
-        if self._share is None:
-            digests = list(manifest.message.chunk_digests)
-            start = share_offset(self.transport.peer_id, len(digests))
-            self._share = digests[start:] + digests[:start]
-        room = self.budget_bytes - len(manifest.item.value) - sum(map(len, self.chunks.values()))
-        missing = [d for d in self._share if d not in self.chunks]
-        for i in range(0, len(missing), FETCH_BATCH):
-            batch = missing[i:i + FETCH_BATCH]
-            fetched = self.transport.get_blobs(batch, self.timeout)
-            for reason in fetched.failed.values():
-                self._drop("chunk_" + reason)
-            for d in batch:
-                data = fetched.found.get(d)
-                if data is None:
-                    continue  # tried again at the next re-store
-                if len(data) > room:  # the budget is full: the share ends before this chunk
-                    self._share = self._share[:self._share.index(d)]
-                    self.partial = True
-                    return [s for s in self._share if s in self.chunks]
-                self.chunks[d], room = data, room - len(data)
-        return [s for s in self._share if s in self.chunks]
+        if self.share is None:
+            self.share = ChunkShare(self.transport, manifest.message.chunk_digests,
+                                    self.budget_bytes - len(manifest.item.value), self.timeout, self._drop)
+        return self.share.fill()
 
     def _end(self, tombstone: PromptSetTombstone, records: PromptSetRecords, now: float) -> None:
         self.ended = tombstone
@@ -318,7 +304,7 @@ class PromptSetKeeper(PeriodicThread):
         expiration = max([record.item.expiration_time, *(r.item.expiration_time for r in mine)])
         if mine and expiration > now:  # replace this node's copy of the manifest by the tombstone
             self.transport.store_owned(self.key, record.item.value, expiration, self.timeout)
-        self.manifest, self.chunks = None, {}
+        self.manifest, self.share = None, None
 
     def _follow(self, ended: PromptSetTombstone) -> None:
         """Load the successor `ended` names (once; again every watch interval while it is not found)."""
