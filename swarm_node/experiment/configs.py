@@ -46,9 +46,10 @@ def node_config(spec: ExperimentSpec, node: NodeSpec, arm: ArmSpec, seed: int, n
     # A lagged group must still be admitted (staleness) and stored (TTL) when it arrives, lag + 1 windows
     # after it was made: both only rise, so grids without a lag keep their settings.
     lag = spec.peer_lag(arm)
-    swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", 4)), lag + 1)
-    window = float(swarm.get("window_seconds", SwarmConfig.model_fields["window_seconds"].default))
-    ttl = float(swarm.get("record_ttl_s", SwarmConfig.model_fields["record_ttl_s"].default))
+    fields = SwarmConfig.model_fields
+    swarm["staleness_steps"] = max(int(swarm.get("staleness_steps", fields["staleness_steps"].default)), lag + 1)
+    window = float(swarm.get("window_seconds", fields["window_seconds"].default))
+    ttl = float(swarm.get("record_ttl_s", fields["record_ttl_s"].default))
     swarm["record_ttl_s"] = max(ttl, (swarm["staleness_steps"] + 2) * window)
     objective = data.setdefault("objective", {})
     objective.pop("variant", None)  # the arm names the loss (as it always did, also over an old `variant`)
